@@ -1,0 +1,5 @@
+import sys
+
+from edgellm.runtime.cli import main
+
+sys.exit(main())

@@ -1,0 +1,221 @@
+"""The llama.cpp model and its one context, over llama-cpp-python's low-level bindings.
+
+Everything that touches a ctypes pointer lives here; the scheduler sees tokens, logits rows and
+sequence ids. llama.cpp return codes become `EngineError` at this boundary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+
+import llama_cpp as L
+import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from edgellm.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+# SmolLM2 and most instruct GGUFs carry a template; ChatML is the fallback for the few that don't.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_backend_ready = False
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    n_ctx: int = 8192  # total KV cells, split evenly across slots
+    n_slots: int = 8
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = all free cores
+    n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
+    flash_attn: bool = True
+
+
+@dataclass(frozen=True)
+class OffloadInfo:
+    gpu_supported: bool
+    n_gpu_layers: int
+    n_layers: int
+    fallback_reason: str | None = None
+
+    @property
+    def device(self) -> str:
+        return "gpu" if self.n_gpu_layers > 0 else "cpu"
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+def _load_model(path: str, n_gpu_layers: int) -> ctypes.c_void_p:
+    params = L.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    model = L.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise EngineError(f"llama.cpp could not load the model at {path} with n_gpu_layers={n_gpu_layers}")
+    return model
+
+
+class LlamaModel:
+    """Owns model + context + batch. Not thread-safe: one engine thread drives it."""
+
+    def __init__(self, config: ModelConfig, *, force_gpu_failure: bool = False):
+        if not os.path.isfile(config.path):
+            raise EngineError(f"model file not found: {config.path}")
+        _ensure_backend()
+        self.config = config
+        self.offload = self._load(config, force_gpu_failure)
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_threads = config.n_threads or default_threads()
+        self.n_slots = config.n_slots
+        self.slot_ctx = config.n_ctx // config.n_slots
+        if self.slot_ctx < 64:
+            raise EngineError(f"n_ctx={config.n_ctx} leaves {self.slot_ctx} tokens per slot; need >= 64")
+        self.ctx = self._new_context(config)
+        self.memory = L.llama_get_memory(self.ctx)
+        self.n_batch = config.n_batch
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.eog_tokens = [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
+        self.eos_token = L.llama_vocab_eos(self.vocab)
+        self.name = os.path.basename(config.path)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
+        self.formatter = self._chat_formatter()
+
+    # -- loading -------------------------------------------------------------------------------
+    def _load(self, config: ModelConfig, force_gpu_failure: bool) -> OffloadInfo:
+        gpu_supported = bool(L.llama_supports_gpu_offload())
+        wanted = config.n_gpu_layers
+        if wanted < 0:
+            wanted = 10_000 if gpu_supported else 0  # llama.cpp clamps to the layer count
+        fallback = None
+        if wanted > 0:
+            try:
+                if force_gpu_failure:
+                    raise EngineError("GPU load failure forced by EDGELLM_FORCE_GPU_FAILURE (test hook)")
+                self.model = _load_model(config.path, wanted)
+            except EngineError as exc:
+                fallback = f"GPU load failed ({exc}); retried on CPU"
+                log.warning("%s", fallback)
+                wanted = 0
+        if wanted == 0:
+            self.model = _load_model(config.path, 0)
+        n_layers = L.llama_model_n_layer(self.model)
+        return OffloadInfo(gpu_supported, min(wanted, n_layers + 1), n_layers, fallback)
+
+    def _new_context(self, config: ModelConfig) -> ctypes.c_void_p:
+        cp = L.llama_context_default_params()
+        cp.n_ctx = self.slot_ctx * config.n_slots
+        cp.n_batch = config.n_batch
+        cp.n_ubatch = config.n_batch
+        cp.n_seq_max = config.n_slots
+        cp.n_threads = self.n_threads
+        cp.n_threads_batch = self.n_threads
+        cp.kv_unified = False  # each slot gets its own slot_ctx cells
+        if hasattr(cp, "flash_attn_type"):
+            cp.flash_attn_type = -1 if config.flash_attn else 0  # -1 = auto
+        ctx = L.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise EngineError("llama.cpp could not create a context (out of memory?)")
+        return ctx
+
+    def _chat_formatter(self) -> Jinja2ChatFormatter:
+        template = self.meta("tokenizer.chat_template") or CHATML_TEMPLATE
+        eos = self.piece(self.eos_token, special=True).decode("utf-8", "replace")
+        bos_id = L.llama_vocab_bos(self.vocab)
+        bos = self.piece(bos_id, special=True).decode("utf-8", "replace") if bos_id >= 0 else ""
+        return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(65536)
+        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    # -- text ------------------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict]) -> str:
+        return self.formatter(messages=messages).prompt
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
+        if n < 0:
+            cap = -n
+            arr = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
+        if n < 0:
+            raise EngineError(f"tokenization failed ({n})")
+        return list(arr[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes of one token (cached; control tokens are empty unless special=True)."""
+        if not special and token in self._pieces:
+            return self._pieces[token]
+        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        out = bytes(self._piece_buf.raw[:n]) if n > 0 else b""
+        if not special:
+            self._pieces[token] = out
+        return out
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    # -- decoding ------------------------------------------------------------------------------
+    def decode(
+        self, tokens: list[int], positions: list[int], seq_ids: list[int], want_logits: list[bool]
+    ) -> np.ndarray:
+        """Decode one batch; returns a copy of the logits rows, in batch order of want_logits."""
+        n = len(tokens)
+        if n == 0 or n > self.n_batch:
+            raise EngineError(f"batch of {n} tokens outside [1, {self.n_batch}]")
+        b = self.batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = positions[i]
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_ids[i]
+            b.logits[i] = 1 if want_logits[i] else 0
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode returned {rc}")
+        n_out = sum(1 for w in want_logits if w)
+        if n_out == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = L.llama_get_logits(self.ctx)
+        # The buffer is overwritten by the next decode: copy the rows out now.
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+
+    def clear_sequence(self, seq_id: int) -> None:
+        L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+
+    def close(self) -> None:
+        if getattr(self, "batch", None) is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)
+            self.model = None

@@ -1,0 +1,333 @@
+"""Continuous batching over one llama.cpp context (llama-server's slot loop, vLLM's step shape).
+
+`step()`: drop cancelled/expired work -> admit waiting requests into idle slots -> build one batch
+(one token per generating slot, then prompt chunks of new slots up to n_batch) -> llama_decode ->
+mask + sample each slot's row -> emit outputs. A request joins or leaves between any two steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgellm.engine.guide_llguidance import GuideBackend
+from edgellm.engine.model import LlamaModel
+from edgellm.engine.sampler import NEG_INF, apply_penalties, sample_row
+from edgellm.engine.slot import PreparedRequest, Slot, SlotState
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, TokenLogprob
+from edgellm.errors import EdgeLLMError, EngineError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepStats:
+    steps: int = 0
+    decode_s: float = 0.0
+    guide_s: float = 0.0  # mask fill + apply + advance, all slots
+    sample_s: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        per = max(1, self.steps)
+        return {
+            "steps": self.steps,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "decode_ms_per_step": 1000 * self.decode_s / per,
+            "guide_ms_per_step": 1000 * self.guide_s / per,
+            "sample_ms_per_step": 1000 * self.sample_s / per,
+            "finished": dict(self.finished),
+        }
+
+
+class Scheduler:
+    def __init__(self, model: LlamaModel, *, max_waiting: int = 64):
+        self.model = model
+        self.slots = [Slot(i) for i in range(model.n_slots)]
+        self.waiting: deque[PreparedRequest] = deque()
+        self.max_waiting = max_waiting
+        self.guides = GuideBackend(model.vocab, model.n_vocab, model.eog_tokens, model.n_slots)
+        # Grammar compiles run off the step loop (LLMatcher construction releases the GIL).
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="guide-compile")
+        self._aborted: set[str] = set()
+        self.stats = StepStats()
+
+    # -- intake ------------------------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> EngineOutput | None:
+        """Queue a request; returns an immediate final output when it cannot be accepted."""
+        try:
+            if len(self.waiting) >= self.max_waiting:
+                raise _Rejected("rate_limited", f"engine queue is full ({self.max_waiting} waiting)")
+            prompt = self.model.tokenize(self.model.render_chat(request.messages))
+            room = self.model.slot_ctx - 1
+            if len(prompt) > room:
+                raise _Rejected(
+                    "invalid_request",
+                    f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
+                    f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages",
+                )
+            future = self._compiler.submit(self.guides.compile, request.guide) if request.guide else None
+        except _Rejected as exc:
+            return EngineOutput(
+                request.request_id,
+                True,
+                finish_reason=FinishReason.ERROR,
+                error=str(exc),
+                timings={},
+                error_type=exc.error_type,
+            )
+        except EdgeLLMError as exc:
+            return EngineOutput(
+                request.request_id, True, finish_reason=FinishReason.ERROR, error=exc.message, error_type=exc.error_type
+            )
+        self.waiting.append(PreparedRequest(request, prompt, future))
+        return None
+
+    def abort(self, request_id: str) -> None:
+        self._aborted.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s.state is not SlotState.IDLE for s in self.slots)
+
+    def load(self) -> dict:
+        busy = sum(1 for s in self.slots if s.state is not SlotState.IDLE)
+        return {"slots_total": len(self.slots), "slots_busy": busy, "waiting": len(self.waiting)}
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> list[EngineOutput]:
+        outputs: list[EngineOutput] = []
+        self._drop_cancelled(outputs)
+        self._admit(outputs)
+        tokens: list[int] = []
+        positions: list[int] = []
+        seqs: list[int] = []
+        want: list[bool] = []
+        rows: list[Slot] = []
+        for slot in self.slots:
+            if slot.state is SlotState.DECODE:
+                tokens.append(slot.last_token)
+                positions.append(slot.n_past)
+                seqs.append(slot.seq_id)
+                want.append(True)
+                rows.append(slot)
+        budget = self.model.n_batch - len(tokens)
+        prefilling: list[tuple[Slot, int]] = []
+        for slot in self.slots:
+            if slot.state is not SlotState.PREFILL or budget <= 0:
+                continue
+            chunk = slot.prompt[slot.n_prefilled : slot.n_prefilled + budget]
+            done = slot.n_prefilled + len(chunk) == len(slot.prompt)
+            for j, tok in enumerate(chunk):
+                tokens.append(tok)
+                positions.append(slot.n_prefilled + j)
+                seqs.append(slot.seq_id)
+                want.append(done and j == len(chunk) - 1)
+            if done:
+                rows.append(slot)
+            prefilling.append((slot, len(chunk)))
+            budget -= len(chunk)
+        if not tokens:
+            return outputs
+        t0 = time.perf_counter()
+        try:
+            logits = self.model.decode(tokens, positions, seqs, want)
+        except EngineError as exc:
+            log.error("decode failed for %d slots: %s", len({*seqs}), exc)
+            for slot in {s for s in self.slots if s.seq_id in set(seqs)}:
+                outputs.append(self._finish(slot, FinishReason.ERROR, error=exc.message, error_type="engine_error"))
+            return outputs
+        self.stats.decode_s += time.perf_counter() - t0
+        self.stats.steps += 1
+        for slot, n in prefilling:
+            slot.n_prefilled += n
+            slot.n_past += n
+            self.stats.prompt_tokens += n
+        for slot in rows:
+            if slot.state is SlotState.DECODE:
+                slot.n_past += 1  # the token fed this step is now in the KV cache
+        for r, slot in enumerate(rows):
+            out = self._sample_and_advance(slot, logits[r], r)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _drop_cancelled(self, outputs: list[EngineOutput]) -> None:
+        now = time.time()
+        kept: deque[PreparedRequest] = deque()
+        for p in self.waiting:
+            reason = self._cancel_reason(p.request, now)
+            if reason is None:
+                kept.append(p)
+            else:
+                outputs.append(
+                    EngineOutput(p.request.request_id, True, finish_reason=reason, error=_cancel_text(reason))
+                )
+        self.waiting = kept
+        for slot in self.slots:
+            if slot.state is not SlotState.IDLE:
+                reason = self._cancel_reason(slot.request, now)
+                if reason is not None:
+                    outputs.append(self._finish(slot, reason, error=_cancel_text(reason)))
+        self._aborted.clear()
+
+    def _cancel_reason(self, request: EngineRequest, now: float) -> FinishReason | None:
+        if request.request_id in self._aborted:
+            return FinishReason.ABORT
+        if request.deadline is not None and now >= request.deadline:
+            return FinishReason.TIMEOUT
+        return None
+
+    def _admit(self, outputs: list[EngineOutput]) -> None:
+        for slot in self.slots:
+            if slot.state is not SlotState.IDLE:
+                continue
+            prepared = next((p for p in self.waiting if p.ready), None)
+            if prepared is None:
+                return
+            self.waiting.remove(prepared)
+            guide = None
+            if prepared.guide_future is not None:
+                try:
+                    guide = prepared.guide_future.result()
+                except EdgeLLMError as exc:
+                    outputs.append(
+                        EngineOutput(
+                            prepared.request.request_id,
+                            True,
+                            finish_reason=FinishReason.ERROR,
+                            error=exc.message,
+                            error_type=exc.error_type,
+                        )
+                    )
+                    continue
+            slot.start(prepared, guide)
+            log.debug("slot %d admits request %s (%d prompt tokens)", slot.seq_id, slot.request_id, len(slot.prompt))
+
+    def _sample_and_advance(self, slot: Slot, row: np.ndarray, r: int) -> EngineOutput | None:
+        params = slot.request.sampling
+        t0 = time.perf_counter()
+        apply_penalties(row, params, slot.history)
+        if slot.guide is not None:
+            g0 = time.perf_counter()
+            slot.guide.fill_mask(self.guides.bitmask, r)
+            allowed = self.guides.allowed(r)
+            self.stats.guide_s += time.perf_counter() - g0
+            if not allowed.any():
+                return self._finish(
+                    slot,
+                    FinishReason.ERROR,
+                    error=f"guided decoding reached a dead end ({slot.guide.error() or 'no token allowed'})",
+                    error_type="generation_failed",
+                )
+            row[~allowed] = NEG_INF
+        sample = sample_row(row, params, len(slot.generated))
+        self.stats.sample_s += time.perf_counter() - t0
+        token = sample.token
+        if slot.first_token_at is None:
+            slot.first_token_at = time.monotonic()
+        if self.model.is_eog(token):
+            return self._finish(slot, FinishReason.STOP)
+        if slot.guide is not None:
+            g0 = time.perf_counter()
+            ok = slot.guide.accept(token)
+            self.stats.guide_s += time.perf_counter() - g0
+            if not ok:
+                return self._finish(
+                    slot,
+                    FinishReason.ERROR,
+                    error=f"guide rejected token {token}: {slot.guide.error()}",
+                    error_type="generation_failed",
+                )
+        slot.generated.append(token)
+        slot.history.append(token)
+        self.stats.generated_tokens += 1
+        piece = self.model.piece(token)
+        if slot.logprobs is not None:
+            slot.logprobs.append(self._logprob_entry(token, piece, sample))
+        prev_len = len(slot.text)
+        slot.add_text(piece)
+        cut = slot.find_stop(prev_len)
+        if cut >= 0:
+            slot.text = slot.text[:cut]
+            return self._finish(slot, FinishReason.STOP)
+        if slot.guide is not None and slot.guide.is_done():
+            return self._finish(slot, FinishReason.STOP)
+        if len(slot.generated) >= params.max_tokens or slot.n_past >= self.model.slot_ctx:
+            return self._finish(slot, FinishReason.LENGTH)
+        slot.last_token = token
+        slot.state = SlotState.DECODE
+        if slot.request.stream:
+            delta = slot.stream_delta()
+            if delta:
+                return EngineOutput(slot.request_id, False, text=delta)
+        return None
+
+    def _logprob_entry(self, token: int, piece: bytes, sample) -> TokenLogprob:
+        top = []
+        for tid, lp in sample.top:
+            p = self.model.piece(tid)
+            top.append({"token_id": tid, "token": p.decode("utf-8", "replace"), "bytes": list(p), "logprob": lp})
+        return TokenLogprob(token, piece.decode("utf-8", "replace"), list(piece), sample.logprob, top)
+
+    def _finish(
+        self, slot: Slot, reason: FinishReason, *, error: str | None = None, error_type: str | None = None
+    ) -> EngineOutput:
+        slot.flush_text()
+        now = time.monotonic()
+        first = slot.first_token_at or now
+        n_gen = len(slot.generated)
+        decode_s = now - first
+        timings = {
+            "queue_ms": 1000 * (slot.started_at - slot.queued_at),
+            "ttft_ms": 1000 * (first - slot.queued_at),
+            "decode_ms": 1000 * decode_s,
+            "tokens_per_s": (n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
+        }
+        if slot.guide is not None and reason is FinishReason.LENGTH and error is None:
+            error, error_type = (
+                (
+                    "structured output was cut at max_tokens before the grammar completed; "
+                    "the partial text does not conform"
+                ),
+                "generation_failed",
+            )
+        delta = slot.stream_delta() if slot.request.stream else ""
+        out = EngineOutput(
+            slot.request_id,
+            True,
+            text=slot.text,
+            finish_reason=reason,
+            prompt_tokens=len(slot.prompt),
+            completion_tokens=n_gen,
+            logprobs=slot.logprobs,
+            error=error,
+            timings=timings,
+            error_type=error_type,
+            final_delta=delta,
+        )
+        self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
+        log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
+        self.model.clear_sequence(slot.seq_id)
+        slot.reset()
+        return out
+
+    def close(self) -> None:
+        self._compiler.shutdown(wait=False, cancel_futures=True)
+
+
+class _Rejected(Exception):
+    def __init__(self, error_type: str, message: str):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+def _cancel_text(reason: FinishReason) -> str:
+    return "request deadline passed" if reason is FinishReason.TIMEOUT else "request cancelled"

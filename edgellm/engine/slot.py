@@ -1,0 +1,91 @@
+"""One slot = one llama.cpp sequence id and the request generating in it."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import Enum
+
+from edgellm.engine.guide_llguidance import Guide
+from edgellm.engine.types import EngineRequest, FinishReason, TokenLogprob
+
+
+class SlotState(Enum):
+    IDLE = 0
+    PREFILL = 1
+    DECODE = 2
+
+
+@dataclass
+class PreparedRequest:
+    """A request rendered and tokenized, waiting for a slot (and for its guide to compile)."""
+
+    request: EngineRequest
+    prompt: list[int]
+    guide_future: Future[Guide] | None
+    queued_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def ready(self) -> bool:
+        return self.guide_future is None or self.guide_future.done()
+
+
+class Slot:
+    def __init__(self, seq_id: int):
+        self.seq_id = seq_id
+        self.state = SlotState.IDLE
+        self.request: EngineRequest | None = None
+
+    def start(self, prepared: PreparedRequest, guide: Guide | None) -> None:
+        self.request = prepared.request
+        self.state = SlotState.PREFILL
+        self.prompt = prepared.prompt
+        self.n_prefilled = 0
+        self.n_past = 0
+        self.guide = guide
+        self.generated: list[int] = []
+        self.history: list[int] = list(prepared.prompt[-prepared.request.sampling.repeat_last_n :])
+        self.text = ""
+        self.streamed = 0  # chars of `text` already sent as deltas
+        self.logprobs: list[TokenLogprob] | None = [] if prepared.request.sampling.num_logprobs > 0 else None
+        self.last_token = -1
+        self.abort_reason: FinishReason | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.queued_at = prepared.queued_at
+        self.started_at = time.monotonic()
+        self.first_token_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id if self.request else ""
+
+    def add_text(self, piece: bytes) -> None:
+        self.text += self._decoder.decode(piece)
+
+    def flush_text(self) -> None:
+        self.text += self._decoder.decode(b"", final=True)
+
+    def find_stop(self, prev_len: int) -> int:
+        """Index in `text` of the earliest stop string that ends in the new text, or -1."""
+        stops = self.request.sampling.stop if self.request else []
+        if not stops:
+            return -1
+        start = max(0, prev_len - max(len(s) for s in stops) + 1)
+        hits = [i for s in stops if (i := self.text.find(s, start)) >= 0]
+        return min(hits) if hits else -1
+
+    def stream_delta(self) -> str:
+        """New text that can no longer turn into a stop string."""
+        stops = self.request.sampling.stop if self.request else []
+        hold = max((len(s) for s in stops), default=1) - 1
+        end = max(self.streamed, len(self.text) - hold)
+        delta = self.text[self.streamed : end]
+        self.streamed = end
+        return delta
+
+    def reset(self) -> None:
+        self.state = SlotState.IDLE
+        self.request = None
+        self.guide = None

@@ -1,0 +1,91 @@
+"""What crosses the engine boundary (and the process boundary): plain, picklable dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # end-of-generation token, stop string, or the grammar completed
+    LENGTH = "length"  # max_tokens or the slot's context is full
+    ERROR = "error"  # guide dead end or a llama.cpp failure; partial text is kept
+    TIMEOUT = "timeout"  # the request's deadline passed
+    ABORT = "abort"  # cancelled by the caller (client gone)
+
+
+class GuideKind(StrEnum):
+    JSON_OBJECT = "json_object"
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    EBNF = "ebnf"
+    CHOICE = "choice"
+
+
+@dataclass(frozen=True)
+class GuideSpec:
+    """One request's output constraint. `spec` is the schema (dict), pattern/grammar (str) or choices."""
+
+    kind: GuideKind
+    spec: Any = None
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = 0
+    max_tokens: int = 512
+    stop: list[str] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    num_logprobs: int = 0
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    messages: list[dict[str, Any]]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    guide: GuideSpec | None = None
+    deadline: float | None = None  # wall clock (time.time()), comparable across processes
+    stream: bool = False  # emit EngineOutput deltas while generating
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+    top_logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "token_id": self.token_id,
+            "token": self.token,
+            "bytes": self.bytes,
+            "logprob": self.logprob,
+            "top_logprobs": self.top_logprobs,
+        }
+
+
+@dataclass
+class EngineOutput:
+    """A delta (finished=False, streaming only) or the final result of one request."""
+
+    request_id: str
+    finished: bool
+    text: str = ""  # final: the whole text; delta: the new text
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    error: str | None = None
+    error_type: str | None = None  # an errors.EdgeLLMError.error_type, so the API picks the status
+    timings: dict[str, float] = field(default_factory=dict)
+    final_delta: str = ""  # streaming: text not yet sent as a delta when the request finished

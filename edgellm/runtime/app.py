@@ -1,0 +1,182 @@
+"""The HTTP app (FastAPI): thin routes over `api.Service`; one handler maps every EdgeLLMError."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from edgellm import __version__
+from edgellm.api.auth import Authenticator
+from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
+from edgellm.api.registry import Registry
+from edgellm.api.service import Service, ServiceConfig
+from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, PayloadTooLarge
+from edgellm.runtime.prometheus import prometheus_text
+from edgellm.runtime.settings import Settings
+from edgellm.runtime.supervisor import WorkerEngine
+from edgellm.runtime.worker import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+
+def node_identity(settings: Settings) -> NodeIdentity:
+    addr = f"edgellm:{settings.node_alias}"
+    return NodeIdentity(
+        server_node_addr=addr,
+        evm_network=settings.evm_network,
+        ee_node_alias=settings.node_alias,
+        ee_node_address=addr,
+        ee_node_eth_address="",
+        ee_node_network=settings.evm_network,
+        ee_node_ver=f"edgellm {__version__}",
+    )
+
+
+def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
+    from pathlib import Path
+
+    registry = Registry(Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl)
+    service = Service(
+        ServiceConfig(
+            model_name=settings.served_model_name(),
+            default_timeout_s=settings.request_timeout,
+            max_timeout_s=settings.max_request_timeout,
+            max_queued=settings.max_queued,
+        ),
+        registry,
+        Authenticator(settings.tokens),
+    )
+    mode = ResponseMode(settings.response_format)
+    node = node_identity(settings)
+    worker_config = WorkerConfig(
+        model=settings.model(),
+        max_waiting=settings.max_queued,
+        log_level=settings.log_level,
+        force_gpu_failure=settings.force_gpu_failure,
+    )
+
+    async def start_engine(engine: WorkerEngine) -> None:
+        try:
+            await asyncio.to_thread(engine.start)
+        except EdgeLLMError as exc:
+            log.error("%s", exc.message)
+            return
+        service.recover()
+        if on_ready is not None:
+            on_ready(service)
+
+    async def evict_forever() -> None:
+        period = max(1.0, min(60.0, settings.request_ttl / 4))
+        while True:
+            await asyncio.sleep(period)
+            n = await asyncio.to_thread(registry.evict_expired)
+            if n:
+                log.info("evicted %d expired request record(s)", n)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = WorkerEngine(worker_config, service.on_engine_output)
+        service.bind(engine, asyncio.get_running_loop())
+        tasks = [asyncio.create_task(start_engine(engine)), asyncio.create_task(evict_forever())]
+        try:
+            yield
+        finally:
+            if on_stop is not None:
+                on_stop(service)
+            for t in tasks:
+                t.cancel()
+            await asyncio.to_thread(engine.close)
+            registry.close()
+
+    app = FastAPI(title="edgellm", version=__version__, lifespan=lifespan)
+    app.state.service = service
+
+    def respond(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(envelope(value, mode, node), status_code=status, headers=headers)
+
+    @app.exception_handler(EdgeLLMError)
+    async def _edge_error(request: Request, exc: EdgeLLMError) -> JSONResponse:
+        if exc.http_status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.http_status, exc.message)
+        return respond(exc.to_body(), exc.http_status, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _fastapi_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "body"))
+        return respond(InvalidRequest(f"{where}: {first.get('msg', 'invalid')}").to_body(), 400)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return respond(EdgeLLMError(f"internal error: {type(exc).__name__}").to_body(), 500)
+
+    async def read_body(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
+            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {settings.max_body_bytes}")
+        raw = await request.body()
+        if len(raw) > settings.max_body_bytes:
+            raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {settings.max_body_bytes}")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+    def authenticate(request: Request, body: Any = None) -> None:
+        body_token = body.get("authorization") if isinstance(body, dict) else None
+        service.auth.check(request.headers.get("authorization"), body_token)
+
+    async def submit(request: Request, mode_name: str):
+        body = await read_body(request)
+        authenticate(request, body)
+        chat = service.parse(body)
+        return chat, service.submit(chat, mode=mode_name)
+
+    async def predict(request: Request) -> JSONResponse:
+        chat, request_id = await submit(request, "sync")
+        return respond(await service.wait(request_id, chat.timeout))
+
+    async def predict_async(request: Request) -> JSONResponse:
+        _, request_id = await submit(request, "async")
+        return respond(
+            {"request_id": request_id, "poll_url": f"/request_status?request_id={request_id}", "status": "pending"}
+        )
+
+    for path in ("/predict", "/create_chat_completion"):
+        app.add_api_route(path, predict, methods=["POST"])
+    for path in ("/predict_async", "/create_chat_completion_async"):
+        app.add_api_route(path, predict_async, methods=["POST"])
+
+    @app.get("/request_status")
+    async def request_status(request: Request, request_id: str | None = None, return_full: bool = False):
+        authenticate(request)
+        if request_id is None or not request_id.strip():
+            raise InvalidRequest("request_id query parameter is required", param="request_id")
+        return respond(service.request_status(request_id.strip(), return_full=return_full))
+
+    @app.get("/health")
+    async def health():
+        ready, body = service.health()
+        return respond(body, 200 if ready else 503, None if ready else EngineUnavailable("").headers)
+
+    @app.get("/status")
+    async def status(request: Request):
+        authenticate(request)
+        return respond(service.status())
+
+    @app.get("/metrics")
+    async def metrics(request: Request, format: str = "json"):
+        authenticate(request)
+        if format == "prometheus" or "text/plain" in request.headers.get("accept", ""):
+            return Response(prometheus_text(service), media_type="text/plain; version=0.0.4")
+        return respond(service.metrics())
+
+    return app

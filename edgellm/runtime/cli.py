@@ -1,0 +1,68 @@
+"""The `edgellm` command: `serve` runs the node; more subcommands come with their issues."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from edgellm.errors import EdgeLLMError
+
+SERVE_FLAGS: list[tuple[str, type, str]] = [
+    ("host", str, "address to bind (default 127.0.0.1)"),
+    ("port", int, "port (default 8765)"),
+    ("model-path", str, "GGUF file (default: the bundled SmolLM2-135M)"),
+    ("model-name", str, "model id reported to clients"),
+    ("n-ctx", int, "total context (KV cells), split across slots"),
+    ("n-slots", int, "requests generated together"),
+    ("n-threads", int, "CPU threads for llama.cpp (0 = all free cores)"),
+    ("n-gpu-layers", str, "'auto' or a number of layers to offload"),
+    ("response-format", str, "WRAPPED or RAW"),
+    ("state-dir", str, "folder for the request registry"),
+    ("request-timeout", float, "default per-request timeout (s)"),
+    ("request-ttl", float, "seconds finished requests stay queryable"),
+    ("max-queued", int, "in-flight requests before 429"),
+    ("log-level", str, "debug, info, warning, error"),
+]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from edgellm.runtime.app import create_app
+    from edgellm.runtime.settings import load_settings
+
+    overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in SERVE_FLAGS}
+    settings = load_settings(args.config, **overrides)
+    settings.check_bind_safety()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    app = create_app(settings)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), timeout_graceful_shutdown=10
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgellm", description="LLM inference node for edge devices")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the node (HTTP API + engine worker)")
+    serve.add_argument("--config", help="YAML settings file (e.g. configs/node.yaml)")
+    for flag, typ, help_text in SERVE_FLAGS:
+        serve.add_argument(f"--{flag}", type=typ, help=help_text)
+    serve.set_defaults(func=_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EdgeLLMError as exc:
+        print(f"edgellm: {exc.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""The typed messages that cross between the API process and the engine worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class MsgKind(StrEnum):
+    # API process -> worker
+    SUBMIT = "submit"  # payload: EngineRequest
+    ABORT = "abort"  # payload: request id
+    PING = "ping"
+    SHUTDOWN = "shutdown"
+    # worker -> API process
+    READY = "ready"  # payload: dict describing the loaded model (after warm-up)
+    OUTPUTS = "outputs"  # payload: list[EngineOutput]
+    PONG = "pong"  # payload: dict of load and step statistics
+    FATAL = "fatal"  # payload: str, the worker could not start
+
+
+@dataclass
+class Message:
+    kind: MsgKind
+    payload: Any = None

@@ -1,0 +1,291 @@
+"""Supervises the engine worker process (uvicorn's supervisor, adapted).
+
+Alive = the OS says so AND it answered a ping recently; a hung worker is killed. When the worker
+dies, it is restarted (with backoff) and each in-flight request is sent again once; a request whose
+second attempt is also lost fails with a clear error. Outputs are delivered through `on_output`
+from a reader thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
+from edgellm.errors import EngineUnavailable
+from edgellm.runtime.ipc import Message, MsgKind
+from edgellm.runtime.worker import WorkerConfig, run_worker
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2  # the first run plus one retry after a worker crash
+
+
+class EngineState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass
+class _InFlight:
+    request: EngineRequest
+    attempts: int = 1
+    streamed: bool = False  # deltas already left: a retry would repeat them
+
+
+class WorkerEngine:
+    """The engine client the API service uses when the engine runs in its own process."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        on_output: Callable[[EngineOutput], None],
+        *,
+        ready_timeout_s: float = 300.0,
+        ping_interval_s: float = 2.0,
+        hang_timeout_s: float = 60.0,
+    ):
+        self.config = config
+        self.on_output = on_output
+        self.ready_timeout_s = ready_timeout_s
+        self.ping_interval_s = ping_interval_s
+        self.hang_timeout_s = hang_timeout_s
+        self.state = EngineState.STOPPED
+        self.info: dict[str, Any] = {}
+        self.stats: dict[str, Any] = {}
+        self.last_error: str | None = None
+        self.restarts = 0
+        self._inflight: dict[str, _InFlight] = {}
+        self._lock = threading.RLock()
+        self._send_lock = threading.Lock()
+        self._ctx = mp.get_context("spawn")
+        self._proc: mp.process.BaseProcess | None = None
+        self._conn = None
+        self._last_pong = 0.0
+        self._stopping = threading.Event()
+        self._generation = 0  # bumps on each (re)start so a stale reader thread knows to quit
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the worker and block until it is warm (or raise EngineUnavailable)."""
+        self.state = EngineState.STARTING
+        self._spawn()
+        threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
+
+    def _spawn(self) -> None:
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=run_worker, args=(self.config, child_conn), name="edgellm-engine", daemon=True)
+        proc.start()
+        child_conn.close()
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if parent_conn.poll(0.2):
+                try:
+                    msg: Message = parent_conn.recv()
+                except EOFError:
+                    msg = Message(MsgKind.FATAL, f"engine worker exited with code {proc.exitcode} during start")
+                if msg.kind is MsgKind.READY:
+                    break
+                self._fail_start(proc, str(msg.payload))
+            elif not proc.is_alive():
+                self._fail_start(proc, f"engine worker exited with code {proc.exitcode} during start")
+            elif time.monotonic() > deadline:
+                proc.kill()
+                self._fail_start(proc, f"engine worker not ready after {self.ready_timeout_s:.0f} s")
+        with self._lock:
+            self._proc, self._conn = proc, parent_conn
+            self.info = msg.payload
+            self._last_pong = time.monotonic()
+            self._generation += 1
+            self.state = EngineState.READY
+            self.last_error = None
+            generation = self._generation
+        threading.Thread(target=self._reader, args=(parent_conn, generation), name="engine-reader", daemon=True).start()
+
+    def _fail_start(self, proc, reason: str) -> None:
+        proc.join(5)
+        self.state = EngineState.FAILED
+        self.last_error = reason
+        raise EngineUnavailable(f"engine failed to start: {reason}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        self.state = EngineState.STOPPED
+        proc, conn = self._proc, self._conn
+        if proc is None:
+            return
+        try:
+            self._send(Message(MsgKind.SHUTDOWN))
+        except (OSError, EngineUnavailable):
+            pass
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        if conn is not None:
+            conn.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    # -- requests ----------------------------------------------------------------------------
+    def submit(self, request: EngineRequest) -> None:
+        with self._lock:
+            self._inflight[request.request_id] = _InFlight(request)
+            if self.state is not EngineState.READY:
+                return  # sent when the restart completes
+        self._send(Message(MsgKind.SUBMIT, request))
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            if self.state is not EngineState.READY:
+                return
+        try:
+            self._send(Message(MsgKind.ABORT, request_id))
+        except EngineUnavailable:
+            pass
+
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def _send(self, msg: Message) -> None:
+        conn = self._conn
+        if conn is None:
+            raise EngineUnavailable("engine worker is not running")
+        try:
+            with self._send_lock:
+                conn.send(msg)
+        except (OSError, ValueError) as exc:  # the reader thread notices the death and restarts
+            log.warning("send to engine worker failed: %s", exc)
+
+    # -- background threads ------------------------------------------------------------------
+    def _reader(self, conn, generation: int) -> None:
+        while True:
+            try:
+                msg: Message = conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg.kind is MsgKind.OUTPUTS:
+                for out in msg.payload:
+                    self._deliver(out)
+            elif msg.kind is MsgKind.PONG:
+                self._last_pong = time.monotonic()
+                self.stats = msg.payload
+        if not self._stopping.is_set() and generation == self._generation:
+            self._handle_crash()
+
+    def _deliver(self, out: EngineOutput) -> None:
+        with self._lock:
+            entry = self._inflight.get(out.request_id)
+            if out.finished:
+                self._inflight.pop(out.request_id, None)
+            elif entry is not None:
+                entry.streamed = True
+        if out.request_id == "warmup":
+            return
+        try:
+            self.on_output(out)
+        except Exception:
+            log.exception("output handler failed for request %s", out.request_id)
+
+    def _monitor(self) -> None:
+        while not self._stopping.wait(self.ping_interval_s):
+            if self.state is not EngineState.READY:
+                continue
+            try:
+                self._send(Message(MsgKind.PING))
+            except EngineUnavailable:
+                continue
+            if time.monotonic() - self._last_pong > self.hang_timeout_s and self._proc is not None:
+                log.error(
+                    "engine worker %s did not answer a ping for %.0f s; killing it", self.pid, self.hang_timeout_s
+                )
+                self._proc.kill()  # the reader sees EOF and restarts it
+
+    def _handle_crash(self) -> None:
+        proc = self._proc
+        if proc is not None:
+            proc.join(5)
+        code = proc.exitcode if proc is not None else None
+        with self._lock:
+            self.state = EngineState.RESTARTING
+            self.last_error = f"engine worker died (exit code {code}); restarting"
+            self.restarts += 1
+            self._conn = None
+        log.error("engine worker died (exit code %s); %d request(s) in flight; restarting", code, len(self._inflight))
+        backoff = 0.5
+        while not self._stopping.is_set():
+            try:
+                self._spawn()
+                break
+            except EngineUnavailable as exc:
+                log.error("engine restart failed: %s; retrying in %.0f s", exc, backoff)
+                self.state = EngineState.RESTARTING
+                self._fail_inflight(f"engine worker could not be restarted: {exc}")
+                if self._stopping.wait(backoff):
+                    return
+                backoff = min(backoff * 2, 30.0)
+        self._resubmit()
+
+    def _resubmit(self) -> None:
+        with self._lock:
+            entries = list(self._inflight.values())
+        for entry in entries:
+            if entry.attempts >= MAX_ATTEMPTS or entry.streamed:
+                with self._lock:
+                    self._inflight.pop(entry.request.request_id, None)
+                why = (
+                    "the engine worker crashed twice while running this request"
+                    if not entry.streamed
+                    else "the engine worker crashed while streaming this request"
+                )
+                self.on_output(
+                    EngineOutput(
+                        entry.request.request_id,
+                        True,
+                        finish_reason=FinishReason.ERROR,
+                        error=why,
+                        error_type="engine_error",
+                    )
+                )
+                continue
+            entry.attempts += 1
+            log.warning(
+                "re-sending request %s to the restarted engine (attempt %d)", entry.request.request_id, entry.attempts
+            )
+            self._send(Message(MsgKind.SUBMIT, entry.request))
+
+    def _fail_inflight(self, why: str) -> None:
+        with self._lock:
+            entries, self._inflight = list(self._inflight.values()), {}
+        for entry in entries:
+            self.on_output(
+                EngineOutput(
+                    entry.request.request_id,
+                    True,
+                    finish_reason=FinishReason.ERROR,
+                    error=why,
+                    error_type="engine_error",
+                )
+            )
+
+    def health(self) -> dict[str, Any]:
+        alive = self._proc is not None and self._proc.is_alive()
+        return {
+            "state": self.state.value,
+            "worker_pid": self.pid,
+            "worker_alive": alive,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "in_flight": len(self._inflight),
+        }

@@ -1,0 +1,108 @@
+"""The engine worker process: owns the llama.cpp model, runs the scheduler loop.
+
+Spawned by the supervisor with its `WorkerConfig` as the argument (uvicorn's pattern); it sets up
+its own logging and talks over one duplex Pipe. It exits when the API process goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+
+from edgellm.engine.model import LlamaModel, ModelConfig
+from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.types import EngineRequest, SamplingParams
+from edgellm.runtime.ipc import Message, MsgKind
+
+log = logging.getLogger("edgellm.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: ModelConfig
+    max_waiting: int = 64
+    log_level: str = "INFO"
+    force_gpu_failure: bool = False  # test hook: pretend the GPU load ran out of memory
+
+
+def warm_up(scheduler: Scheduler) -> float:
+    """Run one short generation so the first real request does not pay for lazy init."""
+    t0 = time.perf_counter()
+    scheduler.add_request(
+        EngineRequest("warmup", [{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=2))
+    )
+    while scheduler.has_work():
+        scheduler.step()
+    return 1000 * (time.perf_counter() - t0)
+
+
+def run_worker(config: WorkerConfig, conn: Connection) -> None:
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s [worker] %(name)s: %(message)s"
+    )
+    # llama.cpp prints every tensor it loads unless its logger is raised above INFO.
+    logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if config.log_level.upper() == "DEBUG" else logging.ERROR)
+    parent = os.getppid()
+    try:
+        model = LlamaModel(config.model, force_gpu_failure=config.force_gpu_failure)
+        scheduler = Scheduler(model, max_waiting=config.max_waiting)
+        warmup_ms = warm_up(scheduler)
+    except Exception as exc:  # report why, then exit: the supervisor decides what to do
+        log.exception("engine failed to start")
+        conn.send(Message(MsgKind.FATAL, f"{type(exc).__name__}: {exc}"))
+        return
+    info = {
+        "model_name": model.name,
+        "model_path": config.model.path,
+        "n_slots": model.n_slots,
+        "slot_ctx": model.slot_ctx,
+        "n_ctx": model.slot_ctx * model.n_slots,
+        "n_threads": model.n_threads,
+        "n_vocab": model.n_vocab,
+        "offload": {**asdict(model.offload), "device": model.offload.device},
+        "warmup_ms": round(warmup_ms, 1),
+        "pid": os.getpid(),
+    }
+    log.info(
+        "engine ready: %s on %s (%d slots x %d ctx, warm-up %.0f ms)",
+        model.name,
+        model.offload.device,
+        model.n_slots,
+        model.slot_ctx,
+        warmup_ms,
+    )
+    conn.send(Message(MsgKind.READY, info))
+    try:
+        _loop(scheduler, conn, parent)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        log.info("API process went away; worker exits")
+    finally:
+        scheduler.close()
+        model.close()
+
+
+def _loop(scheduler: Scheduler, conn: Connection, parent: int) -> None:
+    while True:
+        timeout = 0.0 if scheduler.has_work() else 0.5
+        while conn.poll(timeout):
+            msg: Message = conn.recv()
+            timeout = 0.0
+            if msg.kind is MsgKind.SUBMIT:
+                rejected = scheduler.add_request(msg.payload)
+                if rejected is not None:
+                    conn.send(Message(MsgKind.OUTPUTS, [rejected]))
+            elif msg.kind is MsgKind.ABORT:
+                scheduler.abort(msg.payload)
+            elif msg.kind is MsgKind.PING:
+                conn.send(Message(MsgKind.PONG, {**scheduler.load(), **scheduler.stats.as_dict()}))
+            elif msg.kind is MsgKind.SHUTDOWN:
+                return
+        if os.getppid() != parent:
+            log.warning("parent process died; worker exits")
+            return
+        outputs = scheduler.step()
+        if outputs:
+            conn.send(Message(MsgKind.OUTPUTS, outputs))
