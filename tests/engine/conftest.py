@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from edgellm.engine.model import LlamaModel, ModelConfig
+from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.types import EngineOutput, EngineRequest, SamplingParams
+
+
+class EngineHarness:
+    """The real scheduler on the bundled model, driven step by step in this process."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+
+    def run(self, requests: list[EngineRequest], max_steps: int = 100_000) -> dict[str, EngineOutput]:
+        outs: dict[str, EngineOutput] = {}
+        for r in requests:
+            rejected = self.scheduler.add_request(r)
+            if rejected is not None:
+                outs[r.request_id] = rejected
+        for _ in range(max_steps):
+            if not self.scheduler.has_work():
+                break
+            for o in self.scheduler.step():
+                if o.finished:
+                    outs[o.request_id] = o
+        return outs
+
+    def one(self, request: EngineRequest) -> EngineOutput:
+        return self.run([request])[request.request_id]
+
+
+@pytest.fixture(scope="session")
+def engine(model_path):
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    model = LlamaModel(ModelConfig(path=model_path, n_ctx=8192, n_slots=8))
+    scheduler = Scheduler(model, max_waiting=16)
+    yield EngineHarness(scheduler)
+    scheduler.close()
+    model.close()
+
+
+def req(rid: str, content: str = "Write a short story about a robot.", guide=None, **sampling) -> EngineRequest:
+    sampling.setdefault("max_tokens", 48)
+    return EngineRequest(rid, [{"role": "user", "content": content}], SamplingParams(**sampling), guide)
