@@ -82,7 +82,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = WorkerEngine(worker_config, service.on_engine_output)
+        engine = WorkerEngine(worker_config, service.on_engine_output, on_retry=registry.bump_attempts)
         service.bind(engine, asyncio.get_running_loop())
         tasks = [asyncio.create_task(start_engine(engine)), asyncio.create_task(evict_forever())]
         try:

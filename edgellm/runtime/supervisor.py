@@ -51,11 +51,13 @@ class WorkerEngine:
         on_output: Callable[[EngineOutput], None],
         *,
         ready_timeout_s: float = 300.0,
+        on_retry: Callable[[str], None] | None = None,
         ping_interval_s: float = 2.0,
         hang_timeout_s: float = 60.0,
     ):
         self.config = config
         self.on_output = on_output
+        self.on_retry = on_retry  # told when a request is sent again after a crash (the registry counts it)
         self.ready_timeout_s = ready_timeout_s
         self.ping_interval_s = ping_interval_s
         self.hang_timeout_s = hang_timeout_s
@@ -260,6 +262,8 @@ class WorkerEngine:
                 )
                 continue
             entry.attempts += 1
+            if self.on_retry is not None:
+                self.on_retry(entry.request.request_id)
             log.warning(
                 "re-sending request %s to the restarted engine (attempt %d)", entry.request.request_id, entry.attempts
             )
