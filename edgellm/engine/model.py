@@ -206,8 +206,10 @@ class LlamaModel:
         # The buffer is overwritten by the next decode: copy the rows out now.
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
 
-    def clear_sequence(self, seq_id: int) -> None:
-        L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+    def trim_sequence(self, seq_id: int, keep: int) -> None:
+        """Drop every cached position >= keep of one sequence (keep=0 clears it)."""
+        if not L.llama_memory_seq_rm(self.memory, seq_id, keep, -1):
+            L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
 
     def close(self) -> None:
         if getattr(self, "batch", None) is not None:

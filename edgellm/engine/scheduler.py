@@ -31,7 +31,8 @@ class StepStats:
     decode_s: float = 0.0
     guide_s: float = 0.0  # mask fill + apply + advance, all slots
     sample_s: float = 0.0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prompt tokens decoded
+    reused_tokens: int = 0  # prompt tokens skipped thanks to a cached prefix
     generated_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
 
@@ -40,6 +41,7 @@ class StepStats:
         return {
             "steps": self.steps,
             "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
             "generated_tokens": self.generated_tokens,
             "decode_ms_per_step": 1000 * self.decode_s / per,
             "guide_ms_per_step": 1000 * self.guide_s / per,
@@ -143,6 +145,8 @@ class Scheduler:
             log.error("decode failed for %d slots: %s", len({*seqs}), exc)
             for slot in {s for s in self.slots if s.seq_id in set(seqs)}:
                 outputs.append(self._finish(slot, FinishReason.ERROR, error=exc.message, error_type="engine_error"))
+                self.model.trim_sequence(slot.seq_id, 0)  # its KV state is unknown now
+                slot.cached = []
             return outputs
         self.stats.decode_s += time.perf_counter() - t0
         self.stats.steps += 1
@@ -186,10 +190,9 @@ class Scheduler:
         return None
 
     def _admit(self, outputs: list[EngineOutput]) -> None:
-        for slot in self.slots:
-            if slot.state is not SlotState.IDLE:
-                continue
-            prepared = next((p for p in self.waiting if p.ready), None)
+        while True:
+            idle = [s for s in self.slots if s.state is SlotState.IDLE]
+            prepared = next((p for p in self.waiting if p.ready), None) if idle else None
             if prepared is None:
                 return
             self.waiting.remove(prepared)
@@ -199,17 +202,19 @@ class Scheduler:
                     guide = prepared.guide_future.result()
                 except EdgeLLMError as exc:
                     outputs.append(
-                        EngineOutput(
-                            prepared.request.request_id,
-                            True,
-                            finish_reason=FinishReason.ERROR,
-                            error=exc.message,
-                            error_type=exc.error_type,
-                        )
+                        EngineOutput(prepared.request.request_id, True, finish_reason=FinishReason.ERROR,
+                                     error=exc.message, error_type=exc.error_type)
                     )
                     continue
-            slot.start(prepared, guide)
-            log.debug("slot %d admits request %s (%d prompt tokens)", slot.seq_id, slot.request_id, len(slot.prompt))
+            # The idle slot whose cached tokens share the longest prefix with this prompt; at least
+            # one prompt token is always decoded again, to get the logits of the first output.
+            slot = max(idle, key=lambda s: s.common_prefix(prepared.prompt))
+            reused = min(slot.common_prefix(prepared.prompt), len(prepared.prompt) - 1)
+            self.model.trim_sequence(slot.seq_id, reused)
+            slot.start(prepared, guide, reused)
+            self.stats.reused_tokens += reused
+            log.debug("slot %d admits request %s (%d prompt tokens, %d reused)", slot.seq_id, slot.request_id,
+                      len(slot.prompt), reused)
 
     def _sample_and_advance(self, slot: Slot, row: np.ndarray, r: int) -> EngineOutput | None:
         params = slot.request.sampling
@@ -315,8 +320,7 @@ class Scheduler:
         )
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
-        self.model.clear_sequence(slot.seq_id)
-        slot.reset()
+        slot.reset(keep_cache=True)
         return out
 
     def close(self) -> None:

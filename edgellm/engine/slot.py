@@ -37,13 +37,25 @@ class Slot:
         self.seq_id = seq_id
         self.state = SlotState.IDLE
         self.request: EngineRequest | None = None
+        # Tokens whose KV is still in this sequence from the last request: a new prompt that starts
+        # with them skips that part of the prefill (system prompt, earlier chat turns).
+        self.cached: list[int] = []
 
-    def start(self, prepared: PreparedRequest, guide: Guide | None) -> None:
+    def common_prefix(self, prompt: list[int]) -> int:
+        n = 0
+        for a, b in zip(self.cached, prompt, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def start(self, prepared: PreparedRequest, guide: Guide | None, reused: int = 0) -> None:
         self.request = prepared.request
         self.state = SlotState.PREFILL
         self.prompt = prepared.prompt
-        self.n_prefilled = 0
-        self.n_past = 0
+        self.n_prefilled = reused
+        self.n_past = reused
+        self.reused = reused
         self.guide = guide
         self.generated: list[int] = []
         self.history: list[int] = list(prepared.prompt[-prepared.request.sampling.repeat_last_n :])
@@ -85,7 +97,8 @@ class Slot:
         self.streamed = end
         return delta
 
-    def reset(self) -> None:
+    def reset(self, *, keep_cache: bool) -> None:
+        self.cached = (self.prompt + self.generated)[: self.n_past] if keep_cache else []
         self.state = SlotState.IDLE
         self.request = None
         self.guide = None
