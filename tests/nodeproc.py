@@ -33,8 +33,17 @@ class NodeProcess:
     def start(self, wait: bool = True, timeout: float = 120.0) -> NodeProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        cmd = [sys.executable, "-m", "edgellm", "serve", "--port", str(self.port), "--state-dir", str(self.state_dir),
-               *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "edgellm",
+            "serve",
+            "--port",
+            str(self.port),
+            "--state-dir",
+            str(self.state_dir),
+            *self.args,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         if wait:
             self.wait_ready(timeout)

@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -56,8 +55,11 @@ SCHEMA = {
 
 
 def body(i: int, constrained: bool, max_tokens: int) -> dict:
-    msgs = [{"role": "user", "content": f"Create a detailed fictional person, number {i}, as JSON."}] if constrained \
+    msgs = (
+        [{"role": "user", "content": f"Create a detailed fictional person, number {i}, as JSON."}]
+        if constrained
         else [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
+    )
     b = {"messages": msgs, "temperature": 0.7, "top_p": 0.95, "max_tokens": max_tokens, "seed": 1000 + i}
     if constrained:
         b["response_format"] = {"type": "json_object", "schema": SCHEMA}
@@ -82,8 +84,15 @@ def baseline(model: str, n: int, max_tokens: int, constrained: bool, threads: in
         s = time.perf_counter()
         first = None
         n_tok = 0
-        for chunk in llm.create_chat_completion(messages=b["messages"], temperature=b["temperature"], top_p=b["top_p"],
-                                                max_tokens=max_tokens, seed=b["seed"], stream=True, **kw):
+        for chunk in llm.create_chat_completion(
+            messages=b["messages"],
+            temperature=b["temperature"],
+            top_p=b["top_p"],
+            max_tokens=max_tokens,
+            seed=b["seed"],
+            stream=True,
+            **kw,
+        ):
             if chunk["choices"][0]["delta"].get("content"):
                 n_tok += 1
                 first = first or time.perf_counter()
@@ -93,8 +102,14 @@ def baseline(model: str, n: int, max_tokens: int, constrained: bool, threads: in
     wall = time.perf_counter() - t0
     del llm
     gc.collect()
-    return {"tok_s": toks / wall, "p50": pct(lat, .5), "p95": pct(lat, .95), "ttft50": pct(ttft, .5),
-            "tokens": toks, "wall": wall}
+    return {
+        "tok_s": toks / wall,
+        "p50": pct(lat, 0.5),
+        "p95": pct(lat, 0.95),
+        "ttft50": pct(ttft, 0.5),
+        "tokens": toks,
+        "wall": wall,
+    }
 
 
 def rss_mb(pids: list[int]) -> float:
@@ -137,8 +152,16 @@ def drive(base: str, clients: int, n: int, constrained: bool, max_tokens: int) -
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))
     wall = time.perf_counter() - t0
-    return {"tok_s": toks[0] / wall, "p50": pct(lat, .5), "p95": pct(lat, .95), "ttft50": pct(ttft, .5),
-            "ttft95": pct(ttft, .95), "tokens": toks[0], "failed": bad[0], "wall": wall}
+    return {
+        "tok_s": toks[0] / wall,
+        "p50": pct(lat, 0.5),
+        "p95": pct(lat, 0.95),
+        "ttft50": pct(ttft, 0.5),
+        "ttft95": pct(ttft, 0.95),
+        "tokens": toks[0],
+        "failed": bad[0],
+        "wall": wall,
+    }
 
 
 def main() -> int:
@@ -150,8 +173,10 @@ def main() -> int:
     args = ap.parse_args()
     model = bundled_model_path()
     clients = [int(c) for c in args.clients.split(",")]
-    print(f"model {Path(model).name}, {args.requests} requests x {args.max_tokens} max tokens, "
-          f"{args.threads} threads", flush=True)
+    print(
+        f"model {Path(model).name}, {args.requests} requests x {args.max_tokens} max tokens, {args.threads} threads",
+        flush=True,
+    )
     base = {c: baseline(model, args.requests, args.max_tokens, c, args.threads) for c in (False, True)}
     for c, b in base.items():
         print(f"baseline {'schema' if c else 'plain '}: {b['tok_s']:.1f} tok/s, p50 {b['p50']:.2f}s", flush=True)
@@ -196,20 +221,28 @@ def main() -> int:
         finally:
             node.stop()
     print()
-    print("| mode | clients | tok/s | ratio vs serial baseline | p50 latency s | p95 latency s | p50 TTFT ms | "
-          "p95 TTFT ms | node RSS MB | failed |")
+    print(
+        "| mode | clients | tok/s | ratio vs serial baseline | p50 latency s | p95 latency s | p50 TTFT ms | "
+        "p95 TTFT ms | node RSS MB | failed |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for constrained, b in base.items():
-        print(f"| {'schema' if constrained else 'plain'} | baseline (serial high-level API) | {b['tok_s']:.1f} | 1.00x "
-              f"| {b['p50']:.2f} | {b['p95']:.2f} | {1000 * b['ttft50']:.0f} | - | - | 0 |")
+        print(
+            f"| {'schema' if constrained else 'plain'} | baseline (serial high-level API) | {b['tok_s']:.1f} | 1.00x "
+            f"| {b['p50']:.2f} | {b['p95']:.2f} | {1000 * b['ttft50']:.0f} | - | - | 0 |"
+        )
     for constrained, c, r in rows:
         ratio = r["tok_s"] / base[constrained]["tok_s"]
-        print(f"| {'schema' if constrained else 'plain'} | {c} | {r['tok_s']:.1f} | {ratio:.2f}x | {r['p50']:.2f} | "
-              f"{r['p95']:.2f} | {1000 * r['ttft50']:.0f} | {1000 * r['ttft95']:.0f} | {r['rss']:.0f} | {r['failed']} |")
+        print(
+            f"| {'schema' if constrained else 'plain'} | {c} | {r['tok_s']:.1f} | {ratio:.2f}x | {r['p50']:.2f} | "
+            f"{r['p95']:.2f} | {1000 * r['ttft50']:.0f} | {1000 * r['ttft95']:.0f} | {r['rss']:.0f} | {r['failed']} |"
+        )
     if guide_cost:
         g, d = guide_cost
-        print(f"\nguided decoding (mask + apply + advance) at C={max(clients)}: {g:.2f} ms/step vs llama_decode "
-              f"{d:.2f} ms/step ({100 * g / d:.1f}% of the decode step)")
+        print(
+            f"\nguided decoding (mask + apply + advance) at C={max(clients)}: {g:.2f} ms/step vs llama_decode "
+            f"{d:.2f} ms/step ({100 * g / d:.1f}% of the decode step)"
+        )
     print(f"peak node RSS (API + engine worker): {peak_rss:.0f} MB")
     return 0
 

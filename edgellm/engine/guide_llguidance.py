@@ -80,6 +80,10 @@ class Guide:
     def accept(self, token: int) -> bool:
         return self.matcher.consume_token(token)
 
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar allows no alternative to (e.g. the next JSON key): fed without sampling."""
+        return self.matcher.compute_ff_tokens()
+
     def is_done(self) -> bool:
         return self.matcher.is_stopped()
 

@@ -115,10 +115,11 @@ class Scheduler:
         rows: list[Slot] = []
         for slot in self.slots:
             if slot.state is SlotState.DECODE:
-                tokens.append(slot.last_token)
-                positions.append(slot.n_past)
-                seqs.append(slot.seq_id)
-                want.append(True)
+                n = len(slot.pending)
+                tokens += slot.pending
+                positions += range(slot.n_past, slot.n_past + n)
+                seqs += [slot.seq_id] * n
+                want += [False] * (n - 1) + [True]
                 rows.append(slot)
         budget = self.model.n_batch - len(tokens)
         prefilling: list[tuple[Slot, int]] = []
@@ -156,7 +157,7 @@ class Scheduler:
             self.stats.prompt_tokens += n
         for slot in rows:
             if slot.state is SlotState.DECODE:
-                slot.n_past += 1  # the token fed this step is now in the KV cache
+                slot.n_past += len(slot.pending)  # the tokens fed this step are now in the KV cache
         for r, slot in enumerate(rows):
             out = self._sample_and_advance(slot, logits[r], r)
             if out is not None:
@@ -202,8 +203,13 @@ class Scheduler:
                     guide = prepared.guide_future.result()
                 except EdgeLLMError as exc:
                     outputs.append(
-                        EngineOutput(prepared.request.request_id, True, finish_reason=FinishReason.ERROR,
-                                     error=exc.message, error_type=exc.error_type)
+                        EngineOutput(
+                            prepared.request.request_id,
+                            True,
+                            finish_reason=FinishReason.ERROR,
+                            error=exc.message,
+                            error_type=exc.error_type,
+                        )
                     )
                     continue
             # The idle slot whose cached tokens share the longest prefix with this prompt; at least
@@ -213,8 +219,13 @@ class Scheduler:
             self.model.trim_sequence(slot.seq_id, reused)
             slot.start(prepared, guide, reused)
             self.stats.reused_tokens += reused
-            log.debug("slot %d admits request %s (%d prompt tokens, %d reused)", slot.seq_id, slot.request_id,
-                      len(slot.prompt), reused)
+            log.debug(
+                "slot %d admits request %s (%d prompt tokens, %d reused)",
+                slot.seq_id,
+                slot.request_id,
+                len(slot.prompt),
+                reused,
+            )
 
     def _sample_and_advance(self, slot: Slot, row: np.ndarray, r: int) -> EngineOutput | None:
         params = slot.request.sampling
@@ -251,23 +262,39 @@ class Scheduler:
                     error=f"guide rejected token {token}: {slot.guide.error()}",
                     error_type="generation_failed",
                 )
-        slot.generated.append(token)
-        slot.history.append(token)
-        self.stats.generated_tokens += 1
-        piece = self.model.piece(token)
-        if slot.logprobs is not None:
-            slot.logprobs.append(self._logprob_entry(token, piece, sample))
+        forced: list[int] = []
+        if slot.guide is not None and params.num_logprobs == 0:
+            # Forced tokens are decoded together next step instead of one step each. With logprobs
+            # asked for, every token is sampled so that each one has honest logprobs.
+            g0 = time.perf_counter()
+            room = min(
+                params.max_tokens - len(slot.generated) - 1,
+                self.model.slot_ctx - slot.n_past - 2,
+                self.model.n_batch // len(self.slots) - 1,  # every slot's feed must fit one batch
+            )
+            for t in slot.guide.forced_tokens()[: max(0, room)]:
+                if self.model.is_eog(t) or not slot.guide.accept(t):
+                    break
+                forced.append(t)
+            self.stats.guide_s += time.perf_counter() - g0
         prev_len = len(slot.text)
-        slot.add_text(piece)
+        for t, sampled in [(token, sample), *((t, None) for t in forced)]:
+            slot.generated.append(t)
+            slot.history.append(t)
+            piece = self.model.piece(t)
+            if slot.logprobs is not None and sampled is not None:
+                slot.logprobs.append(self._logprob_entry(t, piece, sampled))
+            slot.add_text(piece)
+        self.stats.generated_tokens += 1 + len(forced)
         cut = slot.find_stop(prev_len)
         if cut >= 0:
             slot.text = slot.text[:cut]
             return self._finish(slot, FinishReason.STOP)
         if slot.guide is not None and slot.guide.is_done():
             return self._finish(slot, FinishReason.STOP)
-        if len(slot.generated) >= params.max_tokens or slot.n_past >= self.model.slot_ctx:
+        if len(slot.generated) >= params.max_tokens or slot.n_past + 1 + len(forced) > self.model.slot_ctx:
             return self._finish(slot, FinishReason.LENGTH)
-        slot.last_token = token
+        slot.pending = [token, *forced]
         slot.state = SlotState.DECODE
         if slot.request.stream:
             delta = slot.stream_delta()

@@ -62,7 +62,7 @@ class Slot:
         self.text = ""
         self.streamed = 0  # chars of `text` already sent as deltas
         self.logprobs: list[TokenLogprob] | None = [] if prepared.request.sampling.num_logprobs > 0 else None
-        self.last_token = -1
+        self.pending: list[int] = []  # tokens to decode next step: the last sampled one + forced ones
         self.abort_reason: FinishReason | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.queued_at = prepared.queued_at

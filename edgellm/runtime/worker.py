@@ -44,7 +44,9 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s [worker] %(name)s: %(message)s"
     )
     # llama.cpp prints every tensor it loads unless its logger is raised above INFO.
-    logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if config.log_level.upper() == "DEBUG" else logging.ERROR)
+    logging.getLogger("llama-cpp-python").setLevel(
+        logging.DEBUG if config.log_level.upper() == "DEBUG" else logging.ERROR
+    )
     parent = os.getppid()
     try:
         model = LlamaModel(config.model, force_gpu_failure=config.force_gpu_failure)

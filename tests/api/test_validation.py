@@ -214,5 +214,7 @@ def test_guided_decoding_errors(gd, fragment):
 
 
 def test_response_format_and_guided_decoding_together_is_an_error():
-    reject({"messages": MSG, "response_format": {"type": "json_object"}, "guided_decoding": {"regex": "a"}},
-           "set either response_format or guided_decoding, not both")
+    reject(
+        {"messages": MSG, "response_format": {"type": "json_object"}, "guided_decoding": {"regex": "a"}},
+        "set either response_format or guided_decoding, not both",
+    )

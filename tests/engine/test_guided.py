@@ -54,8 +54,10 @@ def test_each_mode_conforms(engine, spec, prompt):
 
 
 def test_modes_conform_under_concurrency_with_sampling(engine):
-    batch = [req(f"m{i}", p, guide=g, temperature=0.8, seed=i, max_tokens=200) for i, (g, p) in
-             enumerate(GUIDES + GUIDES[:3])]
+    batch = [
+        req(f"m{i}", p, guide=g, temperature=0.8, seed=i, max_tokens=200)
+        for i, (g, p) in enumerate(GUIDES + GUIDES[:3])
+    ]
     outs = engine.run(batch)
     for i, (g, _) in enumerate(GUIDES + GUIDES[:3]):
         out = outs[f"m{i}"]
@@ -67,8 +69,15 @@ def test_modes_conform_under_concurrency_with_sampling(engine):
 
 
 def test_cut_off_structured_output_is_reported_as_failure(engine):
-    out = engine.one(req("cut", "Create a person record as JSON.", guide=GuideSpec(GuideKind.JSON_SCHEMA, PERSON),
-                         temperature=0.0, max_tokens=16))
+    out = engine.one(
+        req(
+            "cut",
+            "Create a person record as JSON.",
+            guide=GuideSpec(GuideKind.JSON_SCHEMA, PERSON),
+            temperature=0.0,
+            max_tokens=16,
+        )
+    )
     assert out.finish_reason is FinishReason.LENGTH and out.error_type == "generation_failed"
     assert out.text  # partial text kept
 
@@ -78,8 +87,10 @@ def test_cut_off_structured_output_is_reported_as_failure(engine):
     [
         (GuideSpec(GuideKind.REGEX, "([a-z"), "invalid regex guide"),
         (GuideSpec(GuideKind.EBNF, "start: undefined_rule"), "invalid ebnf guide"),
-        (GuideSpec(GuideKind.JSON_SCHEMA, {"type": "object", "properties": {"a": {"type": "nonsense"}}}),
-         "invalid json_schema guide"),
+        (
+            GuideSpec(GuideKind.JSON_SCHEMA, {"type": "object", "properties": {"a": {"type": "nonsense"}}}),
+            "invalid json_schema guide",
+        ),
         (GuideSpec(GuideKind.JSON_SCHEMA, {"type": "string", "pattern": "x" * (130 * 1024)}), "the limit is 131072"),
     ],
 )

@@ -21,8 +21,7 @@ def test_logit_bias_minus_100_bans_a_token(engine):
 
 def test_logit_bias_plus_100_forces_a_token(engine):
     forced = 28  # an ordinary token id
-    out = engine.one(req("force", temperature=0.9, seed=3, max_tokens=16, num_logprobs=1,
-                         logit_bias={forced: 100.0}))
+    out = engine.one(req("force", temperature=0.9, seed=3, max_tokens=16, num_logprobs=1, logit_bias={forced: 100.0}))
     assert all(lp.token_id == forced for lp in out.logprobs)
 
 
@@ -41,7 +40,8 @@ def test_logprobs_are_sorted_normalised_and_bytes_rebuild_the_text(engine):
 def test_stop_string_is_cut_and_earliest_wins(engine):
     full = engine.one(req("nostop", "Count from 1 to 10, separated by commas.", temperature=0.0, max_tokens=40))
     assert "," in full.text
-    out = engine.one(req("stop", "Count from 1 to 10, separated by commas.", temperature=0.0, max_tokens=40,
-                         stop=["zzz", ","]))
+    out = engine.one(
+        req("stop", "Count from 1 to 10, separated by commas.", temperature=0.0, max_tokens=40, stop=["zzz", ","])
+    )
     assert out.finish_reason is FinishReason.STOP
     assert out.text == full.text[: full.text.index(",")]

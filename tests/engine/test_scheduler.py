@@ -27,13 +27,14 @@ def test_greedy_is_repeatable(engine):
 
 def test_eight_concurrent_requests_equal_their_solo_runs(engine):
     """Greedy and seeded sampling: each request's text is the same alone or beside seven others."""
-    batch = [req(f"c{i}", p, temperature=0.0 if i % 2 else 0.9, top_p=0.95, seed=100 + i, max_tokens=40)
-             for i, p in enumerate(PROMPTS)]
+    batch = [
+        req(f"c{i}", p, temperature=0.0 if i % 2 else 0.9, top_p=0.95, seed=100 + i, max_tokens=40)
+        for i, p in enumerate(PROMPTS)
+    ]
     together = engine.run(batch)
     assert len(together) == 8
     for i, p in enumerate(PROMPTS):
-        solo = engine.one(req(f"s{i}", p, temperature=0.0 if i % 2 else 0.9, top_p=0.95, seed=100 + i,
-                              max_tokens=40))
+        solo = engine.one(req(f"s{i}", p, temperature=0.0 if i % 2 else 0.9, top_p=0.95, seed=100 + i, max_tokens=40))
         assert together[f"c{i}"].text == solo.text, f"request {i} differs"
         assert together[f"c{i}"].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
 

@@ -10,12 +10,22 @@ import pytest
 
 from tests.conftest import chat
 
-NODE_KEYS = {"server_node_addr", "evm_network", "ee_node_alias", "ee_node_address", "ee_node_eth_address",
-             "ee_node_network", "ee_node_ver"}
+NODE_KEYS = {
+    "server_node_addr",
+    "evm_network",
+    "ee_node_alias",
+    "ee_node_address",
+    "ee_node_eth_address",
+    "ee_node_network",
+    "ee_node_ver",
+}
 SCHEMA = {
     "type": "object",
-    "properties": {"customer_id": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
-                   "segment": {"type": "string", "enum": ["retail", "business"]}},
+    "properties": {
+        "customer_id": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "segment": {"type": "string", "enum": ["retail", "business"]},
+    },
     "required": ["customer_id", "age", "segment"],
     "additionalProperties": False,
 }
@@ -52,16 +62,22 @@ def test_sync_endpoints_wrap_the_result(node, path):
 
 def test_temperature_zero_repeats_exactly(node):
     with node.client() as c:
-        texts = {c.post("/create_chat_completion", json=chat("Name three colors.", temperature=0, max_tokens=32))
-                 .json()["result"]["TEXT_RESPONSE"][0] for _ in range(3)}
+        texts = {
+            c.post("/create_chat_completion", json=chat("Name three colors.", temperature=0, max_tokens=32)).json()[
+                "result"
+            ]["TEXT_RESPONSE"][0]
+            for _ in range(3)
+        }
     assert len(texts) == 1
 
 
 def test_seed_and_extras_reach_the_engine(node):
     with node.client() as c:
+
         def text(**kw):
-            return c.post("/create_chat_completion", json=chat("Tell me a fun fact.", temperature=1.2,
-                                                                max_tokens=32, **kw)).json()["result"]["TEXT_RESPONSE"][0]
+            return c.post(
+                "/create_chat_completion", json=chat("Tell me a fun fact.", temperature=1.2, max_tokens=32, **kw)
+            ).json()["result"]["TEXT_RESPONSE"][0]
 
         assert text(seed=11) == text(seed=11) == text(extras={"seed": 11})
         assert len({text(seed=s) for s in (1, 2, 3)}) > 1
@@ -70,26 +86,43 @@ def test_seed_and_extras_reach_the_engine(node):
         assert text(seed=5, extras={"top_k": 1}) == greedy.json()["result"]["TEXT_RESPONSE"][0]
 
 
-@pytest.mark.parametrize("rf", [
-    {"type": "json_object", "schema": SCHEMA},
-    {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
-    json.dumps({"type": "json_schema", "schema": SCHEMA}),
-])
+@pytest.mark.parametrize(
+    "rf",
+    [
+        {"type": "json_object", "schema": SCHEMA},
+        {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
+        json.dumps({"type": "json_schema", "schema": SCHEMA}),
+    ],
+)
 def test_json_schema_output_validates(node, rf):
     with node.client() as c:
-        r = c.post("/create_chat_completion", json={
-            "messages": [{"role": "system", "content": "Output must match the schema."},
-                         {"role": "user", "content": "Create a synthetic customer record."}],
-            "response_format": rf, "temperature": 0, "max_tokens": 128})
+        r = c.post(
+            "/create_chat_completion",
+            json={
+                "messages": [
+                    {"role": "system", "content": "Output must match the schema."},
+                    {"role": "user", "content": "Create a synthetic customer record."},
+                ],
+                "response_format": rf,
+                "temperature": 0,
+                "max_tokens": 128,
+            },
+        )
     assert r.status_code == 200, r.text
     jsonschema.validate(json.loads(r.json()["result"]["TEXT_RESPONSE"][0]), SCHEMA)
 
 
 def test_json_object_output_parses(node):
     with node.client() as c:
-        r = c.post("/create_chat_completion", json={
-            "messages": [{"role": "user", "content": "Return a JSON object with keys name and age for a cat."}],
-            "response_format": {"type": "json_object"}, "temperature": 0, "max_tokens": 256})
+        r = c.post(
+            "/create_chat_completion",
+            json={
+                "messages": [{"role": "user", "content": "Return a JSON object with keys name and age for a cat."}],
+                "response_format": {"type": "json_object"},
+                "temperature": 0,
+                "max_tokens": 256,
+            },
+        )
     assert r.status_code == 200, r.text
     assert isinstance(json.loads(r.json()["result"]["TEXT_RESPONSE"][0]), dict)
 
@@ -126,15 +159,23 @@ def test_unknown_request_id_is_404(node):
         assert c.get("/request_status").status_code == 400
 
 
-@pytest.mark.parametrize("body,fragment", [
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9000}, "max_tokens must be in [16, 4096], got 9000"),
-    ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role must be one of"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}},
-     "Unsupported response_format type 'text'. Supported: 'json_object', 'json_schema'."),
-    ({"messages": [{"role": "user", "content": "x"}], "guided_decoding": {"regex": "(["}}, "invalid regex guide"),
-    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 1}}, "outside the vocabulary"),
-    ({}, "messages is required"),
-])
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 9000},
+            "max_tokens must be in [16, 4096], got 9000",
+        ),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role must be one of"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}},
+            "Unsupported response_format type 'text'. Supported: 'json_object', 'json_schema'.",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "guided_decoding": {"regex": "(["}}, "invalid regex guide"),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 1}}, "outside the vocabulary"),
+        ({}, "messages is required"),
+    ],
+)
 def test_validation_errors_are_400_with_message(node, body, fragment):
     with node.client() as c:
         r = c.post("/create_chat_completion", json=body)
@@ -158,8 +199,10 @@ def test_prompt_too_long_for_a_slot_is_400(node):
 
 def test_sync_timeout_is_504_with_request_id(node):
     with node.client() as c:
-        r = c.post("/create_chat_completion", json=chat("Tell a long story.", max_tokens=4000, timeout=0.5,
-                                                         logit_bias={"0": -100, "2": -100}))
+        r = c.post(
+            "/create_chat_completion",
+            json=chat("Tell a long story.", max_tokens=4000, timeout=0.5, logit_bias={"0": -100, "2": -100}),
+        )
         assert r.status_code == 504, r.text
         rid = r.json()["result"]["request_id"]
         assert poll(c, rid)["status"] == "timeout"

@@ -13,8 +13,9 @@ from tests.nodeproc import NodeProcess
 
 @pytest.fixture(scope="module")
 def raw_auth_node(tmp_path_factory):
-    proc = NodeProcess(tmp_path_factory.mktemp("raw"), "--response-format", "RAW",
-                       env={"INFERENCE_API_TOKEN": "tok-a, tok-b"}).start()
+    proc = NodeProcess(
+        tmp_path_factory.mktemp("raw"), "--response-format", "RAW", env={"INFERENCE_API_TOKEN": "tok-a, tok-b"}
+    ).start()
     yield proc
     proc.stop()
 
@@ -47,7 +48,12 @@ def test_token_required_when_configured(raw_auth_node):
 
 def test_public_bind_without_token_refuses_to_start(tmp_path):
     env = {k: v for k, v in __import__("os").environ.items() if k != "INFERENCE_API_TOKEN"}
-    out = subprocess.run([sys.executable, "-m", "edgellm", "serve", "--host", "0.0.0.0", "--state-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "edgellm", "serve", "--host", "0.0.0.0", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 2
     assert "refusing to listen on non-loopback address 0.0.0.0 without a token" in out.stderr

@@ -18,8 +18,9 @@ def test_worker_killed_mid_request_is_restarted_and_request_completes(tmp_path):
     node = NodeProcess(tmp_path).start()
     try:
         with node.client() as c:
-            rid = c.post("/predict_async", json=chat("Tell me a long story.", max_tokens=900, **LONG)).json()[
-                "result"]["request_id"]
+            rid = c.post("/predict_async", json=chat("Tell me a long story.", max_tokens=900, **LONG)).json()["result"][
+                "request_id"
+            ]
             time.sleep(1.5)  # generating now
             old_pid = node.worker_pid()
             os.kill(old_pid, signal.SIGKILL)
@@ -38,8 +39,10 @@ def test_worker_killed_mid_request_is_restarted_and_request_completes(tmp_path):
 def test_pending_async_requests_finish_after_a_whole_node_restart(tmp_path):
     node = NodeProcess(tmp_path).start()
     with node.client() as c:
-        ids = [c.post("/predict_async", json=chat(f"Story {i}.", max_tokens=400, **LONG)).json()["result"]["request_id"]
-               for i in range(3)]
+        ids = [
+            c.post("/predict_async", json=chat(f"Story {i}.", max_tokens=400, **LONG)).json()["result"]["request_id"]
+            for i in range(3)
+        ]
     node.stop(signal.SIGKILL)  # no graceful anything: the registry file is all that is left
     node2 = NodeProcess(tmp_path).start()
     try:
