@@ -102,8 +102,16 @@ class Service:
         request = parse_chat_request(
             body, default_timeout=self.config.default_timeout_s, max_timeout=self.config.max_timeout_s
         )
+        self.check_engine_limits(request)
+        return request
+
+    def check_engine_limits(self, request: ChatRequest) -> None:
+        """What only the engine knows: the guide compiles (cached), bias token ids are in the vocabulary.
+
+        A bad schema/regex/grammar is a 400 now, not a failure mid-run.
+        """
         if request.guide is not None:
-            grammar_for(request.guide)  # bad schema/regex/grammar -> 400 now, not mid-run
+            grammar_for(request.guide)
         n_vocab = (self.engine.info or {}).get("n_vocab") if self.engine else None
         if n_vocab and request.logit_bias:
             bad = [t for t in request.logit_bias if t >= n_vocab]
@@ -111,7 +119,6 @@ class Service:
                 raise InvalidRequest(
                     f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
                 )
-        return request
 
     def submit(self, request: ChatRequest, *, mode: str, stream: bool = False) -> str:
         """Register and dispatch; returns the request id. Raises 429/503/400 errors."""

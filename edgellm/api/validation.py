@@ -35,6 +35,8 @@ SAMPLING_FIELDS = (
     "stop",
     "logit_bias",
     "num_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
 )
 KNOWN_FIELDS = frozenset(
     {
@@ -70,6 +72,8 @@ class ChatRequest(BaseModel):
     stop: list[str] = Field(default_factory=list)
     logit_bias: dict[int, float] = Field(default_factory=dict)
     num_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     guide: GuideSpec | None = None
     response_format: dict[str, Any] | None = None  # normalised form, echoed by return_full
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -88,6 +92,8 @@ class ChatRequest(BaseModel):
             stop=list(self.stop),
             logit_bias=dict(self.logit_bias),
             num_logprobs=self.num_logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
         )
 
     def params_dict(self) -> dict[str, Any]:
@@ -98,7 +104,10 @@ class ChatRequest(BaseModel):
         return data
 
 
-def parse_chat_request(body: Any, *, default_timeout: float = 600.0, max_timeout: float = 3600.0) -> ChatRequest:
+def parse_chat_request(
+    body: Any, *, default_timeout: float = 600.0, max_timeout: float = 3600.0, min_max_tokens: int = 16
+) -> ChatRequest:
+    """`min_max_tokens` is 16 on the seed endpoints (upstream's rule) and 1 on the OpenAI route."""
     if not isinstance(body, dict):
         raise InvalidRequest(f"request body must be a JSON object, got {_kind(body)}")
     unknown = sorted(k for k in body if k not in KNOWN_FIELDS)
@@ -122,7 +131,7 @@ def parse_chat_request(body: Any, *, default_timeout: float = 600.0, max_timeout
     return ChatRequest(
         messages=_messages(body.get("messages")),
         temperature=_number(body, "temperature", 0.7, 0.0, 1.5),
-        max_tokens=_integer(body, "max_tokens", 512, 16, 4096),
+        max_tokens=_integer(body, "max_tokens", 512, min_max_tokens, 4096),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=_integer(body, "top_k", 0, 0, 100_000),
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
@@ -131,6 +140,8 @@ def parse_chat_request(body: Any, *, default_timeout: float = 600.0, max_timeout
         stop=_stop(body.get("stop")),
         logit_bias=_logit_bias(body.get("logit_bias")),
         num_logprobs=_integer(body, "num_logprobs", 0, 0, 50),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         guide=guide,
         response_format=response_format,
         metadata=metadata,

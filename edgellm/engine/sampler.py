@@ -28,7 +28,7 @@ def uniform_for(seed: int, position: int) -> float:
     return float(np.random.Generator(np.random.Philox(key=[seed & 0xFFFFFFFFFFFFFFFF, position])).random())
 
 
-def apply_penalties(row: np.ndarray, params: SamplingParams, history: list[int]) -> None:
+def apply_penalties(row: np.ndarray, params: SamplingParams, history: list[int], generated: list[int]) -> None:
     if params.logit_bias:
         ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
         row[ids] += np.fromiter(params.logit_bias.values(), dtype=np.float32)
@@ -36,6 +36,9 @@ def apply_penalties(row: np.ndarray, params: SamplingParams, history: list[int])
         recent = np.unique(np.asarray(history[-params.repeat_last_n :], dtype=np.int64))
         vals = row[recent]
         row[recent] = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and generated:
+        ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+        row[ids] -= np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * counts
 
 
 def log_softmax(row: np.ndarray) -> np.ndarray:

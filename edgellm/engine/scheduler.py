@@ -230,7 +230,7 @@ class Scheduler:
     def _sample_and_advance(self, slot: Slot, row: np.ndarray, r: int) -> EngineOutput | None:
         params = slot.request.sampling
         t0 = time.perf_counter()
-        apply_penalties(row, params, slot.history)
+        apply_penalties(row, params, slot.history, slot.generated)
         if slot.guide is not None:
             g0 = time.perf_counter()
             slot.guide.fill_mask(self.guides.bitmask, r)

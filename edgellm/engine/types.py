@@ -39,6 +39,8 @@ class SamplingParams:
     min_p: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    presence_penalty: float = 0.0  # OpenAI semantics: over the generated tokens only
+    frequency_penalty: float = 0.0
     seed: int = 0
     max_tokens: int = 512
     stop: list[str] = field(default_factory=list)

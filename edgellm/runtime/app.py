@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +16,10 @@ from edgellm.api.auth import Authenticator
 from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
 from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
-from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, PayloadTooLarge
+from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest
+from edgellm.runtime.http_common import authenticate as authenticate_request
+from edgellm.runtime.http_common import read_json_body
+from edgellm.runtime.openai_routes import add_openai_routes
 from edgellm.runtime.prometheus import prometheus_text
 from edgellm.runtime.settings import Settings
 from edgellm.runtime.supervisor import WorkerEngine
@@ -119,20 +121,10 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
         return respond(EdgeLLMError(f"internal error: {type(exc).__name__}").to_body(), 500)
 
     async def read_body(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {settings.max_body_bytes}")
-        raw = await request.body()
-        if len(raw) > settings.max_body_bytes:
-            raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {settings.max_body_bytes}")
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        return await read_json_body(request, settings.max_body_bytes)
 
     def authenticate(request: Request, body: Any = None) -> None:
-        body_token = body.get("authorization") if isinstance(body, dict) else None
-        service.auth.check(request.headers.get("authorization"), body_token)
+        authenticate_request(service, request, body)
 
     async def submit(request: Request, mode_name: str):
         body = await read_body(request)
@@ -179,4 +171,5 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
             return Response(prometheus_text(service), media_type="text/plain; version=0.0.4")
         return respond(service.metrics())
 
+    add_openai_routes(app, service, settings.max_body_bytes)
     return app

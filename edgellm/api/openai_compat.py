@@ -1,0 +1,232 @@
+"""The OpenAI chat-completions dialect: request mapping, response/chunk bodies, the error shape.
+
+Requests are mapped onto the seed body and validated by the same `parse_chat_request`, so both
+routes share one set of rules; only what OpenAI spells differently is translated here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from edgellm.api.validation import ChatRequest, parse_chat_request
+from edgellm.errors import EdgeLLMError, InvalidRequest, UnknownRequest
+
+# Accepted and ignored: they change nothing about generation on a local node.
+IGNORED_FIELDS = frozenset({"user", "store", "service_tier", "parallel_tool_calls", "metadata", "n", "stream_options"})
+UNSUPPORTED_FIELDS = frozenset(
+    {
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "audio",
+        "modalities",
+        "prediction",
+        "web_search_options",
+        "reasoning_effort",
+        "suffix",
+        "best_of",
+        "echo",
+    }
+)
+MAPPED_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "seed",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "presence_penalty",
+        "frequency_penalty",
+        "stream",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "timeout",
+    }
+)
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "server_error",
+    429: "rate_limit_error",
+    503: "server_error",
+    504: "timeout_error",
+}
+
+
+class ModelNotFound(UnknownRequest):
+    error_type = "model_not_found"
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+def parse_openai_request(body: Any, model_id: str, **limits: float) -> tuple[ChatRequest, OpenAIOptions]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    bad = sorted(k for k in body if k in UNSUPPORTED_FIELDS and body[k] not in (None, [], False))
+    if bad:
+        raise InvalidRequest(f"'{bad[0]}' is not supported by this server", param=bad[0])
+    unknown = sorted(k for k in body if k not in MAPPED_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown parameter: '{unknown[0]}'", param=unknown[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("you must provide a model parameter", param="model")
+    if model != model_id:
+        raise ModelNotFound(f"The model '{model}' does not exist; this server serves '{model_id}'")
+    n = body.get("n")
+    if n not in (None, 1):
+        raise InvalidRequest(f"n must be 1 on this server, got {n!r}", param="n")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream must be a boolean", param="stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise InvalidRequest("stream_options must be an object", param="stream_options")
+    logprobs = body.get("logprobs") or False
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {top!r}", param="top_logprobs")
+    if top and not logprobs:
+        raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
+    if logprobs and stream:
+        raise InvalidRequest(
+            "logprobs with stream=true is not supported yet; use a non-streamed request", param="logprobs"
+        )
+    seed_body: dict[str, Any] = {
+        k: body[k]
+        for k in (
+            "temperature",
+            "top_p",
+            "stop",
+            "seed",
+            "logit_bias",
+            "presence_penalty",
+            "frequency_penalty",
+            "top_k",
+            "min_p",
+            "repeat_penalty",
+            "timeout",
+        )
+        if k in body
+    }
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        seed_body["max_tokens"] = max_tokens
+    if logprobs:
+        seed_body["num_logprobs"] = max(1, top or 0)
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "text":
+        rf = None
+    seed_body["response_format"] = rf
+    seed_body["messages"] = [_message(i, m) for i, m in enumerate(_list(body.get("messages")))]
+    request = parse_chat_request(seed_body, min_max_tokens=1, **limits)
+    return request, OpenAIOptions(stream, bool(stream_options.get("include_usage")), bool(logprobs), top or 0)
+
+
+def _list(value: Any) -> list:
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest("messages must be a non-empty array", param="messages")
+    return value
+
+
+def _message(i: int, msg: Any) -> Any:
+    """OpenAI extras: the 'developer' role, content as an array of text parts."""
+    if not isinstance(msg, dict):
+        return msg
+    msg = dict(msg)
+    if msg.get("role") == "developer":
+        msg["role"] = "system"
+    content = msg.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"messages[{i}].content: only text parts are supported", param="messages")
+            texts.append(part["text"])
+        msg["content"] = "\n".join(texts)
+    return {"role": msg.get("role"), "content": msg.get("content")}
+
+
+def completion_body(result: dict[str, Any], opts: OpenAIOptions) -> dict[str, Any]:
+    full = dict(result["FULL_OUTPUT"][0])
+    full.pop("timings", None)
+    full["system_fingerprint"] = "edgellm"
+    choice = dict(full["choices"][0])
+    if opts.logprobs and choice.get("logprobs"):
+        choice["logprobs"] = {
+            "content": [
+                {**entry, "top_logprobs": entry["top_logprobs"][: opts.top_logprobs]}
+                for entry in choice["logprobs"]["content"]
+            ],
+            "refusal": None,
+        }
+    else:
+        choice["logprobs"] = None
+    full["choices"] = [choice]
+    return full
+
+
+def chunk_body(
+    request_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    usage: dict[str, int] | None = None,
+    *,
+    no_choices: bool = False,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": "edgellm",
+        "choices": []
+        if no_choices
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def error_body(exc: EdgeLLMError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": exc.message,
+            "type": ERROR_TYPES.get(exc.http_status, "server_error"),
+            "param": getattr(exc, "param", None),
+            "code": exc.error_type,
+        }
+    }
+
+
+def models_body(model_id: str, created: float) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": model_id, "object": "model", "created": int(created), "owned_by": "edgellm"}],
+    }
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,111 @@
+"""POST /v1/chat/completions (with SSE streaming) and GET /v1/models over the same Service."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from edgellm.api.openai_compat import (
+    OpenAIOptions,
+    chunk_body,
+    completion_body,
+    error_body,
+    models_body,
+    now,
+    parse_openai_request,
+)
+from edgellm.api.results import status_of
+from edgellm.api.service import Service
+from edgellm.engine.types import EngineOutput
+from edgellm.errors import EdgeLLMError
+from edgellm.runtime.http_common import authenticate, read_json_body
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def _error(exc: EdgeLLMError) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
+
+
+def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> None:
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        try:
+            authenticate(service, request)
+        except EdgeLLMError as exc:
+            return _error(exc)
+        return models_body(service.model_name, service.started_at)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            body = await read_json_body(request, max_body_bytes)
+            authenticate(service, request)
+            chat, opts = parse_openai_request(
+                body,
+                service.model_name,
+                default_timeout=service.config.default_timeout_s,
+                max_timeout=service.config.max_timeout_s,
+            )
+            service.check_engine_limits(chat)
+            if not opts.stream:
+                request_id = service.submit(chat, mode="sync")
+                return completion_body(await service.wait(request_id, chat.timeout), opts)
+            request_id = service.submit(chat, mode="sync", stream=True)
+            outputs = service.stream(request_id)
+            first = await anext(outputs)
+            if first.finished:
+                raise_for_failure(service, first)
+        except EdgeLLMError as exc:
+            return _error(exc)
+        return StreamingResponse(
+            _events(service, request_id, first, outputs, opts),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+
+def raise_for_failure(service: Service, out: EngineOutput) -> None:
+    status, _, _ = status_of(out)
+    if status.value != "completed":
+        record = service.registry.get(out.request_id)
+        if record is not None:
+            service.result_or_raise(record)
+
+
+async def _events(
+    service: Service, request_id: str, first: EngineOutput, outputs: AsyncIterator[EngineOutput], opts: OpenAIOptions
+) -> AsyncIterator[str]:
+    created, model = now(), service.model_name
+    done = False
+    try:
+        yield _sse(chunk_body(request_id, model, created, {"role": "assistant", "content": ""}))
+        out = first
+        while not out.finished:
+            if out.text:
+                yield _sse(chunk_body(request_id, model, created, {"content": out.text}))
+            out = await anext(outputs)
+        if out.final_delta:
+            yield _sse(chunk_body(request_id, model, created, {"content": out.final_delta}))
+        status, error, error_type = status_of(out)
+        if status.value == "completed":
+            yield _sse(chunk_body(request_id, model, created, {}, out.finish_reason.value))
+        else:
+            yield _sse({"error": {"message": error, "type": "server_error", "param": None, "code": error_type}})
+        if opts.include_usage:
+            usage = {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "total_tokens": out.prompt_tokens + out.completion_tokens,
+            }
+            yield _sse(chunk_body(request_id, model, created, {}, usage=usage, no_choices=True))
+        yield _sse("[DONE]")
+        done = True
+    finally:
+        if not done:  # the client went away mid-stream: free the slot
+            service.abort(request_id)
