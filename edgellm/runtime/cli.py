@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from edgellm.errors import EdgeLLMError
@@ -44,6 +45,35 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from edgellm.batch.runner import BatchInputError, BatchOptions, load_requests, run_batch
+
+    if args.concurrency < 1 or args.retries < 0 or args.timeout <= 0:
+        print("edgellm batch-run: --concurrency >= 1, --retries >= 0 and --timeout > 0 are required", file=sys.stderr)
+        return 2
+    try:
+        batch = load_requests(Path(args.requests))
+    except BatchInputError as exc:
+        print(f"edgellm batch-run: {exc.message}", file=sys.stderr)
+        return 2
+    opts = BatchOptions(
+        endpoint=args.endpoint,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        retries=args.retries,
+        api_key=args.api_key,
+        model=args.model,
+        progress=not args.quiet,
+    )
+    code = run_batch(batch, Path(args.output), opts)
+    if code == 130:  # Ctrl-C: the results are written; do not wait for requests still in flight
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgellm", description="LLM inference node for edge devices")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, typ, help_text in SERVE_FLAGS:
         serve.add_argument(f"--{flag}", type=typ, help=help_text)
     serve.set_defaults(func=_serve)
+
+    batch = sub.add_parser("batch-run", help="send requests.json to an OpenAI-compatible endpoint -> results.jsonl")
+    batch.add_argument("requests", help='JSON file: {"requests": [{"id": ..., "messages": [...], ...}]}')
+    batch.add_argument("-o", "--output", required=True, help="results file (JSON Lines, input order)")
+    batch.add_argument("--endpoint", required=True, help="e.g. http://127.0.0.1:8765/v1 (or the full chat URL)")
+    batch.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    batch.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP attempt (default 600)")
+    batch.add_argument("--retries", type=int, default=2, help="retries on connection errors, 429, 502-504")
+    batch.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="Bearer token ($OPENAI_API_KEY)")
+    batch.add_argument("--model", help="override the model of every request")
+    batch.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    batch.set_defaults(func=_batch_run)
     return parser
 
 

@@ -41,15 +41,23 @@ def test_plain_completion(client, model_id):
 
 def test_json_schema_output_validates(client, model_id):
     r = client.chat.completions.create(
-        model=model_id, messages=MESSAGES, temperature=0, max_tokens=64,
+        model=model_id,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=64,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}},
     )
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
 
 
 def test_stream_reassembles_to_the_non_streamed_text(client, model_id):
-    kw = dict(model=model_id, messages=[{"role": "user", "content": "Tell me about the moon."}], temperature=0,
-              seed=3, max_tokens=48)
+    kw = dict(
+        model=model_id,
+        messages=[{"role": "user", "content": "Tell me about the moon."}],
+        temperature=0,
+        seed=3,
+        max_tokens=48,
+    )
     whole = client.chat.completions.create(**kw).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -60,8 +68,9 @@ def test_stream_reassembles_to_the_non_streamed_text(client, model_id):
 
 
 def test_logprobs(client, model_id):
-    r = client.chat.completions.create(model=model_id, messages=MESSAGES, temperature=0, max_tokens=16,
-                                       logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model=model_id, messages=MESSAGES, temperature=0, max_tokens=16, logprobs=True, top_logprobs=3
+    )
     content = r.choices[0].logprobs.content
     assert content and all(len(t.top_logprobs) == 3 for t in content)
     assert "".join(t.token for t in content) == r.choices[0].message.content
@@ -69,21 +78,32 @@ def test_logprobs(client, model_id):
 
 
 def test_presence_and_frequency_penalties_change_the_output(client, model_id):
-    kw = dict(model=model_id, messages=[{"role": "user", "content": "Repeat the word cat many times."}],
-              temperature=0, max_tokens=40)
+    kw = dict(
+        model=model_id,
+        messages=[{"role": "user", "content": "Repeat the word cat many times."}],
+        temperature=0,
+        max_tokens=40,
+    )
     plain = client.chat.completions.create(**kw).choices[0].message.content
     penalised = client.chat.completions.create(frequency_penalty=2.0, presence_penalty=2.0, **kw)
     assert penalised.choices[0].message.content != plain
 
 
-@pytest.mark.parametrize("kw,exc,fragment", [
-    ({"model": "gpt-4o"}, openai.NotFoundError, "The model 'gpt-4o' does not exist"),
-    ({"max_tokens": 99999}, openai.BadRequestError, "max_tokens must be in [1, 4096]"),
-    ({"n": 2}, openai.BadRequestError, "n must be 1"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, openai.BadRequestError, "'tools' is not supported"),
-    ({"temperature": 1.9}, openai.BadRequestError, "temperature must be in [0, 1.5]"),
-    ({"response_format": {"type": "yaml"}}, openai.BadRequestError, "Unsupported response_format type 'yaml'"),
-])
+@pytest.mark.parametrize(
+    "kw,exc,fragment",
+    [
+        ({"model": "gpt-4o"}, openai.NotFoundError, "The model 'gpt-4o' does not exist"),
+        ({"max_tokens": 99999}, openai.BadRequestError, "max_tokens must be in [1, 4096]"),
+        ({"n": 2}, openai.BadRequestError, "n must be 1"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            openai.BadRequestError,
+            "'tools' is not supported",
+        ),
+        ({"temperature": 1.9}, openai.BadRequestError, "temperature must be in [0, 1.5]"),
+        ({"response_format": {"type": "yaml"}}, openai.BadRequestError, "Unsupported response_format type 'yaml'"),
+    ],
+)
 def test_errors_use_the_openai_shape(client, model_id, kw, exc, fragment):
     args = {"model": model_id, "messages": MESSAGES, **kw}
     with pytest.raises(exc) as info:
@@ -93,8 +113,14 @@ def test_errors_use_the_openai_shape(client, model_id, kw, exc, fragment):
 
 
 def test_client_disconnect_mid_stream_cancels_generation(node, model_id):
-    body = {"model": model_id, "stream": True, "max_tokens": 900, "temperature": 0,
-            "logit_bias": {"0": -100, "2": -100}, "messages": [{"role": "user", "content": "Write a long story."}]}
+    body = {
+        "model": model_id,
+        "stream": True,
+        "max_tokens": 900,
+        "temperature": 0,
+        "logit_bias": {"0": -100, "2": -100},
+        "messages": [{"role": "user", "content": "Write a long story."}],
+    }
     with httpx.Client(base_url=node.base, timeout=60) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = r.iter_lines()

@@ -1,0 +1,176 @@
+"""`edgellm batch-run` as a real subprocess against the real node (and a closed port)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.nodeproc import free_port
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def batch_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "edgellm", "batch-run", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def write(path: Path, requests: list[dict]) -> Path:
+    path.write_text(json.dumps({"requests": requests}))
+    return path
+
+
+def msg(text: str = "Say hi.") -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_seed_example_runs_against_the_node(node, tmp_path):
+    out = tmp_path / "results.jsonl"
+    r = batch_run(
+        str(FIXTURES / "seed_requests.json"),
+        "-o",
+        str(out),
+        "--endpoint",
+        node.base + "/v1",
+        "--model",
+        MODEL,
+        "--concurrency",
+        "2",
+    )
+    assert r.returncode == 0, r.stderr
+    got = lines(out)
+    assert [x["id"] for x in got] == ["req-001", "req-002"]
+    for x in got:
+        assert set(x) == {"id", "latency_ms", "status", "http_code", "response"}
+        assert x["status"] == "ok" and x["http_code"] == 200 and x["latency_ms"] > 0
+        assert x["response"]["choices"][0]["message"]["content"]
+    assert not (tmp_path / "results.jsonl.partial").exists()
+
+
+def test_mixed_batch_keeps_order_codes_and_exit_status(node, tmp_path):
+    reqs = [
+        {"id": "good-1", "model": MODEL, "messages": msg(), "max_tokens": 16, "temperature": 0},
+        {"id": "bad-model", "model": "no-such-model", "messages": msg(), "max_tokens": 16},
+        {"id": "rejected", "model": MODEL, "messages": msg(), "max_tokens": 99999},
+        {"id": 4, "model": MODEL, "messages": msg("Name a color."), "max_tokens": 16, "temperature": 0},
+    ]
+    out = tmp_path / "results.jsonl"
+    r = batch_run(str(write(tmp_path / "in.json", reqs)), "-o", str(out), "--endpoint", node.base, "--concurrency", "4")
+    assert r.returncode == 1, r.stderr
+    got = lines(out)
+    assert [(x["id"], x["status"], x["http_code"]) for x in got] == [
+        ("good-1", "ok", 200),
+        ("bad-model", "error", 404),
+        ("rejected", "error", 400),
+        (4, "ok", 200),
+    ]
+    assert "does not exist" in got[1]["error"] and "max_tokens must be in" in got[2]["error"]
+    assert "response" not in got[1] and "error" not in got[0]
+    # the seed's jq / grep recipes work on the output
+    assert (
+        subprocess.run(["grep", "-c", '"status":"error"', str(out)], capture_output=True, text=True).stdout.strip()
+        == "2"
+    )
+    jq = subprocess.run(
+        ["jq", "-r", r'select(.status=="error") | "\(.id): \(.error)"', str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert [x.split(":")[0] for x in jq] == ["bad-model", "rejected"]
+    slowest = subprocess.run(
+        ["jq", "-s", r'sort_by(-.latency_ms) | .[:5] | .[] | "\(.id) \(.latency_ms)ms"', str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert len(slowest) == 4
+
+
+def test_closed_port_is_http_code_zero(tmp_path):
+    reqs = [{"id": "a", "model": MODEL, "messages": msg()}, {"id": "b", "model": MODEL, "messages": msg()}]
+    out = tmp_path / "results.jsonl"
+    r = batch_run(
+        str(write(tmp_path / "in.json", reqs)),
+        "-o",
+        str(out),
+        "--endpoint",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--retries",
+        "1",
+        "-q",
+    )
+    assert r.returncode == 1
+    got = lines(out)
+    assert [(x["id"], x["status"], x["http_code"]) for x in got] == [("a", "error", 0), ("b", "error", 0)]
+    assert "ConnectionError" in got[0]["error"]
+
+
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"reqs": []}', 'expected a JSON object with a "requests" array'),
+        ('{"requests": [{"messages": []}]}', 'requests[0] has no "id"'),
+        ('{"requests": [{"id": "x"}, {"id": "y"}, {"id": "x"}]}', "duplicate id 'x' (requests[0] and requests[2])"),
+        ('{"requests": []}', "the requests array is empty"),
+    ],
+)
+def test_unusable_input_exits_2_naming_the_problem(tmp_path, content, fragment):
+    src = tmp_path / "in.json"
+    src.write_text(content)
+    r = batch_run(str(src), "-o", str(tmp_path / "o.jsonl"), "--endpoint", "http://127.0.0.1:9")
+    assert r.returncode == 2 and fragment in r.stderr, r.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_ctrl_c_writes_what_finished_and_exits_nonzero(node, tmp_path):
+    long = {
+        "model": MODEL,
+        "messages": msg("Write a long story."),
+        "max_tokens": 900,
+        "temperature": 0,
+        "logit_bias": {"0": -100, "2": -100},
+    }
+    reqs = [{"id": "quick", "model": MODEL, "messages": msg(), "max_tokens": 16}] + [
+        {"id": f"long-{i}", **long} for i in range(3)
+    ]
+    out = tmp_path / "results.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgellm",
+            "batch-run",
+            str(write(tmp_path / "in.json", reqs)),
+            "-o",
+            str(out),
+            "--endpoint",
+            node.base,
+            "--concurrency",
+            "1",
+            "-q",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    partial = tmp_path / "results.jsonl.partial"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (partial.exists() and partial.read_text().strip()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(30)
+    assert code == 130, proc.stderr.read()
+    assert [x["id"] for x in lines(out)] == ["quick"]
