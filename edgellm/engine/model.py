@@ -37,6 +37,7 @@ class ModelConfig:
     n_threads: int = 0  # 0 = all free cores
     n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
     flash_attn: bool = True
+    kv_cache_type: str = "f16"  # or "q8_0": half the KV memory (needs flash attention for V)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,12 @@ class LlamaModel:
         cp.kv_unified = False  # each slot gets its own slot_ctx cells
         if hasattr(cp, "flash_attn_type"):
             cp.flash_attn_type = -1 if config.flash_attn else 0  # -1 = auto
+        if config.kv_cache_type != "f16":
+            kv_type = {"q8_0": L.GGML_TYPE_Q8_0, "f32": L.GGML_TYPE_F32}.get(config.kv_cache_type)
+            if kv_type is None:
+                raise EngineError(f"kv_cache_type must be f16, q8_0 or f32, got {config.kv_cache_type!r}")
+            cp.type_k = kv_type
+            cp.type_v = kv_type
         ctx = L.llama_init_from_model(self.model, cp)
         if not ctx:
             raise EngineError("llama.cpp could not create a context (out of memory?)")

@@ -18,6 +18,7 @@ SERVE_FLAGS: list[tuple[str, type, str]] = [
     ("n-slots", int, "requests generated together"),
     ("n-threads", int, "CPU threads for llama.cpp (0 = all free cores)"),
     ("n-gpu-layers", str, "'auto' or a number of layers to offload"),
+    ("kv-cache-type", str, "f16 (default) or q8_0 (half the KV memory, ~5% slower)"),
     ("response-format", str, "WRAPPED or RAW"),
     ("state-dir", str, "folder for the request registry"),
     ("request-timeout", float, "default per-request timeout (s)"),

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     n_threads: int = Field(0, ge=0, description="0 = every core this process may use")
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
+    kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
     response_format: ResponseMode = ResponseMode.WRAPPED
     state_dir: str = Field(default_factory=default_state_dir)
     request_timeout: float = Field(600.0, gt=0, description="default per-request timeout (s)")
@@ -121,6 +122,7 @@ class Settings(BaseSettings):
             n_threads=self.n_threads,
             n_gpu_layers=-1 if self.n_gpu_layers == "auto" else int(self.n_gpu_layers),
             flash_attn=self.flash_attn,
+            kv_cache_type=self.kv_cache_type,
         )
 
     def served_model_name(self) -> str:
