@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 # llama-cpp-python compiles llama.cpp; pip keeps the built wheel in its cache for the next install.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup system-deps serve test lint bench clean
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +19,13 @@ setup: $(BIN)/python
 serve: setup
 	$(BIN)/edgellm serve --config configs/node.yaml
 
-test: setup
+# The tests check the unit file with systemd-analyze and the batch output with jq (Debian packages).
+system-deps:
+	@command -v systemd-analyze >/dev/null && command -v jq >/dev/null || { \
+	  echo "installing Debian packages systemd and jq for the tests"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends systemd jq; }
+
+test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -v
 

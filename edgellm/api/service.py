@@ -65,6 +65,7 @@ class Service:
         self._active: set[str] = set()
         self._lock = threading.Lock()
         self.started_at = time.time()
+        self.draining = False  # set on shutdown: no new work, in-flight work finishes or stays pending
         self.counters = {"submitted": 0, "completed": 0, "failed": 0, "timeout": 0, "rejected": 0}
         self.latency_ms: list[float] = []  # last 1000 completed requests
 
@@ -160,6 +161,8 @@ class Service:
         )
 
     def _require_engine(self) -> None:
+        if self.draining:
+            raise EngineUnavailable("the node is shutting down; retry when it is back")
         if self.engine is None:
             raise EngineUnavailable("engine is starting")
         state = self.engine.health().get("state")

@@ -17,6 +17,7 @@ from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
 from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest
+from edgellm.runtime.gpu_memory import gpu_memory
 from edgellm.runtime.http_common import authenticate as authenticate_request
 from edgellm.runtime.http_common import read_json_body
 from edgellm.runtime.openai_routes import add_openai_routes
@@ -70,6 +71,16 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
         except EdgeLLMError as exc:
             log.error("%s", exc.message)
             return
+        offload = engine.info.get("offload", {})
+        log.info(
+            "engine ready: %s on %s (n_gpu_layers=%s of %s, gpu offload supported: %s%s)",
+            service.model_name,
+            offload.get("device"),
+            offload.get("n_gpu_layers"),
+            offload.get("n_layers"),
+            offload.get("gpu_supported"),
+            f"; {offload['fallback_reason']}" if offload.get("fallback_reason") else "",
+        )
         service.recover()
         if on_ready is not None:
             on_ready(service)
@@ -162,7 +173,11 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
     @app.get("/status")
     async def status(request: Request):
         authenticate(request)
-        return respond(service.status())
+        body = service.status()
+        memory = await asyncio.to_thread(gpu_memory)
+        if memory is not None:
+            body["gpu_memory"] = memory
+        return respond(body)
 
     @app.get("/metrics")
     async def metrics(request: Request, format: str = "json"):

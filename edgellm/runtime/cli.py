@@ -32,6 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from edgellm.runtime.app import create_app
+    from edgellm.runtime.sdnotify import Notifier
     from edgellm.runtime.settings import load_settings
 
     overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in SERVE_FLAGS}
@@ -39,10 +40,33 @@ def _serve(args: argparse.Namespace) -> int:
     settings.check_bind_safety()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    app = create_app(settings)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), timeout_graceful_shutdown=10
+    notifier = Notifier()
+
+    def on_ready(service) -> None:
+        info = service.engine.info
+        offload = info.get("offload", {})
+        notifier.ready(
+            f"serving {service.model_name} on {settings.host}:{settings.port}; {info.get('n_slots')} slots x "
+            f"{info.get('slot_ctx')} tokens; {offload.get('device')} (n_gpu_layers={offload.get('n_gpu_layers')})"
+        )
+        notifier.start_watchdog(lambda: service.engine.health().get("state") in ("ready", "restarting"))
+
+    app = create_app(settings, on_ready=on_ready, on_stop=lambda service: notifier.stopping())
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM/SIGINT: tell systemd and stop admitting at once
+            app.state.service.draining = True
+            notifier.stopping()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
+    _Server(config).run()
     return 0
 
 

@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     )
     max_queued: int = Field(64, ge=1, description="requests in flight (queued + generating) before 429")
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    shutdown_grace_s: int = Field(20, ge=0, description="on SIGTERM, wait this long for in-flight sync requests")
     tokens: Annotated[list[str], NoDecode] = Field(
         default_factory=list, validation_alias=AliasChoices("tokens", "EDGELLM_TOKENS", "INFERENCE_API_TOKEN")
     )

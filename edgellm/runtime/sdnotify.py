@@ -1,0 +1,69 @@
+"""systemd's notify protocol (sd_notify(3)): one datagram of KEY=VALUE lines to $NOTIFY_SOCKET.
+
+Implemented from the documented socket message rather than a dependency: the PyPI wrappers are
+unmaintained, and systemd-python needs libsystemd headers to build on a Jetson.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger(__name__)
+
+
+class Notifier:
+    """Sends READY/STATUS/WATCHDOG/STOPPING when run under systemd (Type=notify); a no-op otherwise."""
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env
+        address = env.get("NOTIFY_SOCKET", "")
+        if address.startswith("@"):  # abstract namespace
+            address = "\0" + address[1:]
+        self.address = address or None
+        usec = env.get("WATCHDOG_USEC", "")
+        pid = env.get("WATCHDOG_PID", "")
+        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and (not pid or pid == str(os.getpid())) else None
+        self._stop = threading.Event()
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def notify(self, **fields: str | int) -> bool:
+        if self.address is None:
+            return False
+        message = "\n".join(f"{k.upper()}={v}" for k, v in fields.items()).encode()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.sendto(message, self.address)
+            return True
+        except OSError as exc:
+            log.warning("sd_notify to %r failed: %s", self.address, exc)
+            return False
+
+    def ready(self, status: str) -> None:
+        self.notify(ready=1, status=status)
+
+    def status(self, status: str) -> None:
+        self.notify(status=status)
+
+    def stopping(self, status: str = "stopping: finishing in-flight requests") -> None:
+        self._stop.set()
+        self.notify(stopping=1, status=status)
+
+    def start_watchdog(self, healthy: Callable[[], bool]) -> None:
+        """Ping WATCHDOG=1 at half the configured interval while `healthy()`; silence lets systemd restart us."""
+        if self.address is None or self.watchdog_s is None:
+            return
+        interval = max(0.5, self.watchdog_s / 2)
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                if healthy():
+                    self.notify(watchdog=1)
+
+        threading.Thread(target=loop, name="sd-watchdog", daemon=True).start()

