@@ -57,3 +57,19 @@ def test_public_bind_without_token_refuses_to_start(tmp_path):
     )
     assert out.returncode == 2
     assert "refusing to listen on non-loopback address 0.0.0.0 without a token" in out.stderr
+
+
+def test_too_many_requests_in_flight_is_429_with_retry_after(tmp_path):
+    node = NodeProcess(tmp_path, "--max-queued", "2").start()
+    long = chat("Write a long story.", max_tokens=900, temperature=0, logit_bias={"0": -100, "2": -100})
+    try:
+        with node.client() as c:
+            ids = [c.post("/predict_async", json=long).json()["result"]["request_id"] for _ in range(2)]
+            r = c.post("/predict_async", json=long)
+            assert r.status_code == 429 and r.headers["Retry-After"].isdigit()
+            assert "too many requests in flight (2)" in r.json()["result"]["error"]
+            assert c.get("/metrics").json()["result"]["requests"]["rejected"] == 1
+            for rid in ids:  # the accepted ones are unaffected
+                assert c.get("/request_status", params={"request_id": rid}).json()["result"]["status"] == "pending"
+    finally:
+        node.stop()
