@@ -24,8 +24,9 @@ class NodeProcess:
         self.state_dir = Path(state_dir)
         self.port = port or free_port()
         self.args = list(args)
-        self.env = {**os.environ, **(env or {})}
-        self.env.pop("INFERENCE_API_TOKEN", None) if "INFERENCE_API_TOKEN" not in (env or {}) else None
+        # Only what the test passes: a token or config in the developer's shell must not leak in.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("EDGELLM_") and k != "INFERENCE_API_TOKEN"}
+        self.env = {**inherited, **(env or {})}
         self.log_path = self.state_dir / f"node-{self.port}.log"
         self.proc: subprocess.Popen | None = None
         self.base = f"http://127.0.0.1:{self.port}"

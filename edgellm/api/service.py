@@ -163,11 +163,11 @@ class Service:
     def _require_engine(self) -> None:
         if self.draining:
             raise EngineUnavailable("the node is shutting down; retry when it is back")
-        if self.engine is None:
-            raise EngineUnavailable("engine is starting")
-        state = self.engine.health().get("state")
-        if state in ("failed", "stopped"):
-            raise EngineUnavailable(f"engine is {state}: {self.engine.health().get('last_error')}")
+        health = self.engine.health() if self.engine is not None else {"state": "starting"}
+        # While the worker restarts, requests queue and are sent once it is back; otherwise 503.
+        if health["state"] not in ("ready", "restarting"):
+            reason = f": {health['last_error']}" if health.get("last_error") else ""
+            raise EngineUnavailable(f"engine is {health['state']}{reason}")
 
     def abort(self, request_id: str) -> None:
         if self.engine is not None:

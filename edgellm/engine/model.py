@@ -11,11 +11,12 @@ import logging
 import os
 from dataclasses import dataclass
 
+import jinja2
 import llama_cpp as L
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from edgellm.errors import EngineError
+from edgellm.errors import EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,10 @@ class LlamaModel:
 
     # -- text ------------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict]) -> str:
-        return self.formatter(messages=messages).prompt
+        try:
+            return self.formatter(messages=messages).prompt
+        except jinja2.TemplateError as exc:  # e.g. a template that refuses a role or an order of turns
+            raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         data = text.encode("utf-8")

@@ -20,7 +20,7 @@ from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, apply_penalties, sample_row
 from edgellm.engine.slot import PreparedRequest, Slot, SlotState
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, TokenLogprob
-from edgellm.errors import EdgeLLMError, EngineError
+from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest, QueueFull
 
 log = logging.getLogger(__name__)
 
@@ -67,29 +67,17 @@ class Scheduler:
         """Queue a request; returns an immediate final output when it cannot be accepted."""
         try:
             if len(self.waiting) >= self.max_waiting:
-                raise _Rejected("rate_limited", f"engine queue is full ({self.max_waiting} waiting)")
+                raise QueueFull(f"engine queue is full ({self.max_waiting} waiting)")
             prompt = self.model.tokenize(self.model.render_chat(request.messages))
             room = self.model.slot_ctx - 1
             if len(prompt) > room:
-                raise _Rejected(
-                    "invalid_request",
+                raise InvalidRequest(
                     f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
-                    f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages",
+                    f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages"
                 )
             future = self._compiler.submit(self.guides.compile, request.guide) if request.guide else None
-        except _Rejected as exc:
-            return EngineOutput(
-                request.request_id,
-                True,
-                finish_reason=FinishReason.ERROR,
-                error=str(exc),
-                timings={},
-                error_type=exc.error_type,
-            )
         except EdgeLLMError as exc:
-            return EngineOutput(
-                request.request_id, True, finish_reason=FinishReason.ERROR, error=exc.message, error_type=exc.error_type
-            )
+            return EngineOutput.failure(request.request_id, exc.message, exc.error_type)
         self.waiting.append(PreparedRequest(request, prompt, future))
         return None
 
@@ -172,9 +160,7 @@ class Scheduler:
             if reason is None:
                 kept.append(p)
             else:
-                outputs.append(
-                    EngineOutput(p.request.request_id, True, finish_reason=reason, error=_cancel_text(reason))
-                )
+                outputs.append(EngineOutput.failure(p.request.request_id, _cancel_text(reason), None, reason))
         self.waiting = kept
         for slot in self.slots:
             if slot.state is not SlotState.IDLE:
@@ -202,15 +188,7 @@ class Scheduler:
                 try:
                     guide = prepared.guide_future.result()
                 except EdgeLLMError as exc:
-                    outputs.append(
-                        EngineOutput(
-                            prepared.request.request_id,
-                            True,
-                            finish_reason=FinishReason.ERROR,
-                            error=exc.message,
-                            error_type=exc.error_type,
-                        )
-                    )
+                    outputs.append(EngineOutput.failure(prepared.request.request_id, exc.message, exc.error_type))
                     continue
             # The idle slot whose cached tokens share the longest prefix with this prompt; at least
             # one prompt token is always decoded again, to get the logits of the first output.
@@ -352,12 +330,6 @@ class Scheduler:
 
     def close(self) -> None:
         self._compiler.shutdown(wait=False, cancel_futures=True)
-
-
-class _Rejected(Exception):
-    def __init__(self, error_type: str, message: str):
-        super().__init__(message)
-        self.error_type = error_type
 
 
 def _cancel_text(reason: FinishReason) -> str:

@@ -91,3 +91,10 @@ class EngineOutput:
     error_type: str | None = None  # an errors.EdgeLLMError.error_type, so the API picks the status
     timings: dict[str, float] = field(default_factory=dict)
     final_delta: str = ""  # streaming: text not yet sent as a delta when the request finished
+
+    @classmethod
+    def failure(
+        cls, request_id: str, error: str, error_type: str | None, reason: FinishReason = FinishReason.ERROR
+    ) -> EngineOutput:
+        """A final output for a request that ends without a generation of its own."""
+        return cls(request_id, True, finish_reason=reason, error=error, error_type=error_type)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
+from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable
 from edgellm.runtime.ipc import Message, MsgKind
 from edgellm.runtime.worker import WorkerConfig, run_worker
@@ -251,15 +251,7 @@ class WorkerEngine:
                     if not entry.streamed
                     else "the engine worker crashed while streaming this request"
                 )
-                self.on_output(
-                    EngineOutput(
-                        entry.request.request_id,
-                        True,
-                        finish_reason=FinishReason.ERROR,
-                        error=why,
-                        error_type="engine_error",
-                    )
-                )
+                self.on_output(EngineOutput.failure(entry.request.request_id, why, "engine_error"))
                 continue
             entry.attempts += 1
             if self.on_retry is not None:
@@ -273,15 +265,7 @@ class WorkerEngine:
         with self._lock:
             entries, self._inflight = list(self._inflight.values()), {}
         for entry in entries:
-            self.on_output(
-                EngineOutput(
-                    entry.request.request_id,
-                    True,
-                    finish_reason=FinishReason.ERROR,
-                    error=why,
-                    error_type="engine_error",
-                )
-            )
+            self.on_output(EngineOutput.failure(entry.request.request_id, why, "engine_error"))
 
     def health(self) -> dict[str, Any]:
         alive = self._proc is not None and self._proc.is_alive()
