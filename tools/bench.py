@@ -7,7 +7,7 @@ node is started as a subprocess and driven by C concurrent clients (1, 4, 8) for
 JSON-schema-constrained requests. Prints a table with aggregate tok/s, p50/p95 latency and TTFT,
 the ratios to the baseline, the guided-decoding cost per step and the node's RSS under load.
 
-    python tools/bench.py [--requests 16] [--max-tokens 128] [--clients 1,4,8]
+    python tools/bench.py [--requests 32] [--max-tokens 128] [--clients 1,4,8]
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ SCHEMA = {
         "name": {"type": "string", "maxLength": 40},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "city": {"type": "string", "maxLength": 40},
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 5},
-        "bio": {"type": "string", "maxLength": 300},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+        "bio": {"type": "string", "maxLength": 160},
     },
     "required": ["name", "age", "city", "hobbies", "bio"],
     "additionalProperties": False,
@@ -166,7 +166,7 @@ def drive(base: str, clients: int, n: int, constrained: bool, max_tokens: int) -
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--clients", default="1,4,8")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
