@@ -107,10 +107,6 @@ def parse_openai_request(body: Any, model_id: str, **limits: float) -> tuple[Cha
         raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {top!r}", param="top_logprobs")
     if top and not logprobs:
         raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
-    if logprobs and stream:
-        raise InvalidRequest(
-            "logprobs with stream=true is not supported yet; use a non-streamed request", param="logprobs"
-        )
     seed_body: dict[str, Any] = {
         k: body[k]
         for k in (
@@ -166,21 +162,22 @@ def _message(i: int, msg: Any) -> Any:
     return {"role": msg.get("role"), "content": msg.get("content")}
 
 
+def logprobs_body(entries: list[dict[str, Any]], opts: OpenAIOptions) -> dict[str, Any] | None:
+    """OpenAI's choice.logprobs for some token entries, with top_logprobs cut to what was asked."""
+    if not opts.logprobs:
+        return None
+    return {
+        "content": [{**e, "top_logprobs": e["top_logprobs"][: opts.top_logprobs]} for e in entries],
+        "refusal": None,
+    }
+
+
 def completion_body(result: dict[str, Any], opts: OpenAIOptions) -> dict[str, Any]:
     full = dict(result["FULL_OUTPUT"][0])
     full.pop("timings", None)
     full["system_fingerprint"] = "edgellm"
     choice = dict(full["choices"][0])
-    if opts.logprobs and choice.get("logprobs"):
-        choice["logprobs"] = {
-            "content": [
-                {**entry, "top_logprobs": entry["top_logprobs"][: opts.top_logprobs]}
-                for entry in choice["logprobs"]["content"]
-            ],
-            "refusal": None,
-        }
-    else:
-        choice["logprobs"] = None
+    choice["logprobs"] = logprobs_body((choice.get("logprobs") or {}).get("content", []), opts)
     full["choices"] = [choice]
     return full
 
@@ -194,6 +191,7 @@ def chunk_body(
     usage: dict[str, int] | None = None,
     *,
     no_choices: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": f"chatcmpl-{request_id}",
@@ -203,7 +201,7 @@ def chunk_body(
         "system_fingerprint": "edgellm",
         "choices": []
         if no_choices
-        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if usage is not None:
         body["usage"] = usage

@@ -277,7 +277,7 @@ class Scheduler:
         if slot.request.stream:
             delta = slot.stream_delta()
             if delta:
-                return EngineOutput(slot.request_id, False, text=delta)
+                return EngineOutput(slot.request_id, False, text=delta, logprobs=slot.stream_logprobs())
         return None
 
     def _logprob_entry(self, token: int, piece: bytes, sample) -> TokenLogprob:

@@ -61,6 +61,7 @@ class Slot:
         self.history: list[int] = list(prepared.prompt[-prepared.request.sampling.repeat_last_n :])
         self.text = ""
         self.streamed = 0  # chars of `text` already sent as deltas
+        self.logprobs_streamed = 0  # entries of `logprobs` already sent with deltas
         self.logprobs: list[TokenLogprob] | None = [] if prepared.request.sampling.num_logprobs > 0 else None
         self.pending: list[int] = []  # tokens to decode next step: the last sampled one + forced ones
         self.abort_reason: FinishReason | None = None
@@ -96,6 +97,14 @@ class Slot:
         delta = self.text[self.streamed : end]
         self.streamed = end
         return delta
+
+    def stream_logprobs(self) -> list[TokenLogprob] | None:
+        """Logprob entries of the tokens generated since the last delta (None without logprobs)."""
+        if self.logprobs is None:
+            return None
+        new = self.logprobs[self.logprobs_streamed :]
+        self.logprobs_streamed = len(self.logprobs)
+        return new
 
     def reset(self, *, keep_cache: bool) -> None:
         self.cached = (self.prompt + self.generated)[: self.n_past] if keep_cache else []

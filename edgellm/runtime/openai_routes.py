@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from edgellm.api.openai_compat import (
     OpenAIOptions,
     chunk_body,
     completion_body,
     error_body,
+    logprobs_body,
     models_body,
     now,
     parse_openai_request,
@@ -55,7 +57,11 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
             service.check_engine_limits(chat)
             if not opts.stream:
                 request_id = service.submit(chat, mode="sync")
-                return completion_body(await service.wait(request_id, chat.timeout), opts)
+                try:
+                    result = await _wait_unless_disconnected(service, request, request_id, chat.timeout)
+                except ClientGone:
+                    return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+                return completion_body(result, opts)
             request_id = service.submit(chat, mode="sync", stream=True)
             outputs = service.stream(request_id)
             first = await anext(outputs)
@@ -82,16 +88,24 @@ async def _events(
     service: Service, request_id: str, first: EngineOutput, outputs: AsyncIterator[EngineOutput], opts: OpenAIOptions
 ) -> AsyncIterator[str]:
     created, model = now(), service.model_name
+    sent_logprobs = 0
     done = False
+
+    def content_chunk(text: str, entries: list) -> str:
+        lp = logprobs_body([e.to_dict() for e in entries], opts)
+        return _sse(chunk_body(request_id, model, created, {"content": text}, logprobs=lp))
+
     try:
         yield _sse(chunk_body(request_id, model, created, {"role": "assistant", "content": ""}))
         out = first
         while not out.finished:
             if out.text:
-                yield _sse(chunk_body(request_id, model, created, {"content": out.text}))
+                yield content_chunk(out.text, out.logprobs or [])
+                sent_logprobs += len(out.logprobs or [])
             out = await anext(outputs)
-        if out.final_delta:
-            yield _sse(chunk_body(request_id, model, created, {"content": out.final_delta}))
+        rest = (out.logprobs or [])[sent_logprobs:]
+        if out.final_delta or rest:
+            yield content_chunk(out.final_delta, rest)
         status, error, error_type = status_of(out)
         if status.value == "completed":
             yield _sse(chunk_body(request_id, model, created, {}, out.finish_reason.value))
@@ -109,3 +123,24 @@ async def _events(
     finally:
         if not done:  # the client went away mid-stream: free the slot
             service.abort(request_id)
+
+
+async def _wait_unless_disconnected(service: Service, request: Request, request_id: str, timeout_s: float) -> dict:
+    """Wait for the result; a caller that hangs up cancels its generation (its slot frees at the next step)."""
+    waiter = asyncio.ensure_future(service.wait(request_id, timeout_s))
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=0.5)
+            if done:
+                return waiter.result()
+            if await request.is_disconnected():
+                service.abort(request_id)
+                waiter.cancel()
+                raise ClientGone(request_id)
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""

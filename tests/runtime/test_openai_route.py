@@ -135,3 +135,46 @@ def test_client_disconnect_mid_stream_cancels_generation(node, model_id):
                 break
             time.sleep(0.2)
         assert status["status"] == "failed" and status["error_type"] == "cancelled"
+
+
+def test_streamed_logprobs_cover_every_token(client, model_id):
+    chunks = list(
+        client.chat.completions.create(
+            model=model_id,
+            messages=MESSAGES,
+            temperature=0,
+            max_tokens=24,
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    entries = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert len(entries) == chunks[-1].usage.completion_tokens
+    assert "".join(t.token for t in entries) == text
+    assert all(len(t.top_logprobs) == 2 for t in entries)
+
+
+def test_client_gone_before_a_non_streamed_answer_cancels_it(node, model_id):
+    body = {
+        "model": model_id,
+        "max_tokens": 900,
+        "temperature": 0,
+        "logit_bias": {"0": -100, "2": -100},
+        "messages": [{"role": "user", "content": "Write a long story."}],
+    }
+    with httpx.Client(base_url=node.base) as c:
+        failed_before = c.get("/metrics").json()["result"]["requests"]["failed"]
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/chat/completions", json=body, timeout=1.0)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            failed = c.get("/metrics").json()["result"]["requests"]["failed"]
+            if failed > failed_before:
+                break
+            time.sleep(0.2)
+        assert failed == failed_before + 1  # 900 tokens take ~6 s: only a cancellation ends it this soon
+        busy = c.get("/status").json()["result"]["in_flight"]
+        assert busy == 0
