@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import jsonschema
@@ -221,3 +222,35 @@ def test_health_status_metrics(node):
         assert m["requests"]["completed"] >= 1
         prom = c.get("/metrics", params={"format": "prometheus"})
         assert prom.status_code == 200 and "edgellm_requests_total" in prom.text
+
+
+def test_guided_decoding_and_sampling_fields_on_the_seed_endpoint(node):
+    with node.client() as c:
+        r = c.post(
+            "/create_chat_completion",
+            json=chat(
+                "Pick a fruit.",
+                guided_decoding={"choice": ["apple", "pear"]},
+                temperature=0.9,
+                seed=4,
+                top_k=20,
+                min_p=0.05,
+                num_logprobs=3,
+            ),
+        )
+        assert r.status_code == 200, r.text
+        full = r.json()["result"]["FULL_OUTPUT"][0]
+        text = full["choices"][0]["message"]["content"]
+        assert text in ("apple", "pear") and full["choices"][0]["finish_reason"] == "stop"
+        content = full["choices"][0]["logprobs"]["content"]
+        assert bytes(b for e in content for b in e["bytes"]).decode() == text
+        assert all(len(e["top_logprobs"]) <= 3 for e in content)
+        r = c.post(
+            "/create_chat_completion", json=chat("A year?", guided_decoding={"regex": "(19|20)[0-9]{2}"}, temperature=0)
+        )
+        assert re.fullmatch("(19|20)[0-9]{2}", r.json()["result"]["TEXT_RESPONSE"][0])
+        r = c.post(
+            "/create_chat_completion",
+            json=chat("Count: one, two, three, four.", stop=[","], temperature=0, max_tokens=32),
+        )
+        assert "," not in r.json()["result"]["TEXT_RESPONSE"][0]
