@@ -40,6 +40,7 @@ class _InFlight:
     request: EngineRequest
     attempts: int = 1
     streamed: bool = False  # deltas already left: a retry would repeat them
+    sent: bool = True  # False when it arrived during a restart: its first run is still to come
 
 
 class WorkerEngine:
@@ -83,7 +84,8 @@ class WorkerEngine:
         self._spawn()
         threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> list[_InFlight]:
+        """Start a worker and wait until it is warm; returns the requests in flight at that moment."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=run_worker, args=(self.config, child_conn), name="edgellm-engine", daemon=True)
         proc.start()
@@ -111,7 +113,11 @@ class WorkerEngine:
             self.state = EngineState.READY
             self.last_error = None
             generation = self._generation
+            # Taken with READY under one lock: later submits go straight to the new worker, so each
+            # request is either in this list or sent by submit(), never both.
+            in_flight = list(self._inflight.values())
         threading.Thread(target=self._reader, args=(parent_conn, generation), name="engine-reader", daemon=True).start()
+        return in_flight
 
     def _fail_start(self, proc, reason: str) -> None:
         proc.join(5)
@@ -143,8 +149,9 @@ class WorkerEngine:
     # -- requests ----------------------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
         with self._lock:
-            self._inflight[request.request_id] = _InFlight(request)
-            if self.state is not EngineState.READY:
+            ready = self.state is EngineState.READY
+            self._inflight[request.request_id] = _InFlight(request, sent=ready)
+            if not ready:
                 return  # sent when the restart completes
         self._send(Message(MsgKind.SUBMIT, request))
 
@@ -228,7 +235,7 @@ class WorkerEngine:
         backoff = 0.5
         while not self._stopping.is_set():
             try:
-                self._spawn()
+                in_flight = self._spawn()
                 break
             except EngineUnavailable as exc:
                 log.error("engine restart failed: %s; retrying in %.0f s", exc, backoff)
@@ -237,12 +244,16 @@ class WorkerEngine:
                 if self._stopping.wait(backoff):
                     return
                 backoff = min(backoff * 2, 30.0)
-        self._resubmit()
+        else:
+            return
+        self._resubmit(in_flight)
 
-    def _resubmit(self) -> None:
-        with self._lock:
-            entries = list(self._inflight.values())
+    def _resubmit(self, entries: list[_InFlight]) -> None:
         for entry in entries:
+            if not entry.sent:
+                entry.sent = True
+                self._send(Message(MsgKind.SUBMIT, entry.request))
+                continue
             if entry.attempts >= MAX_ATTEMPTS or entry.streamed:
                 with self._lock:
                     self._inflight.pop(entry.request.request_id, None)
