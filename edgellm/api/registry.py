@@ -172,9 +172,6 @@ class Registry:
         ).fetchall()
         return [RequestRecord.from_row(r) for r in rows]
 
-    def count_pending(self) -> int:
-        return self._run("SELECT COUNT(*) FROM requests WHERE status=?", (RequestStatus.PENDING.value,)).fetchone()[0]
-
     def counts(self) -> dict[str, int]:
         rows = self._run("SELECT status, COUNT(*) AS n FROM requests GROUP BY status").fetchall()
         return {r["status"]: r["n"] for r in rows}

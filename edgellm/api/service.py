@@ -87,7 +87,7 @@ class Service:
                 )
                 continue
             self.registry.bump_attempts(rec.request_id)
-            request = ChatRequest.model_validate({**_params_for_model(rec.params), "metadata": rec.metadata})
+            request = ChatRequest.from_params(rec.params, rec.metadata)
             self._dispatch(rec.request_id, request, rec.seed, stream=False, created_at=rec.created_at)
             n += 1
         if n:
@@ -324,16 +324,3 @@ class Service:
             "engine": self.engine.stats if self.engine else {},
             "engine_restarts": (self.engine.health().get("restarts", 0) if self.engine else 0),
         }
-
-
-def _params_for_model(params: dict[str, Any]) -> dict[str, Any]:
-    """Stored params (JSON) back into ChatRequest fields."""
-    from edgellm.engine.types import GuideKind, GuideSpec
-
-    data = {k: v for k, v in params.items() if k != "guided_decoding"}
-    data["logit_bias"] = {int(k): v for k, v in (params.get("logit_bias") or {}).items()}
-    gd = params.get("guided_decoding")
-    if gd:
-        kind, spec = next(iter(gd.items()))
-        data["guide"] = GuideSpec(GuideKind(kind), spec)
-    return data

@@ -96,6 +96,16 @@ class ChatRequest(BaseModel):
             frequency_penalty=self.frequency_penalty,
         )
 
+    @classmethod
+    def from_params(cls, params: dict[str, Any], metadata: dict[str, Any]) -> ChatRequest:
+        """The inverse of params_dict: a stored request, ready to run again after a restart."""
+        data = {k: v for k, v in params.items() if k != "guided_decoding"}
+        data["logit_bias"] = {int(k): v for k, v in (params.get("logit_bias") or {}).items()}
+        if params.get("guided_decoding"):
+            kind, spec = next(iter(params["guided_decoding"].items()))
+            data["guide"] = GuideSpec(GuideKind(kind), spec)
+        return cls.model_validate({**data, "metadata": metadata})
+
     def params_dict(self) -> dict[str, Any]:
         """The normalised request as JSON-friendly data (for the registry and return_full)."""
         data = self.model_dump(exclude={"guide", "metadata"})

@@ -164,9 +164,6 @@ class WorkerEngine:
         except EngineUnavailable:
             pass
 
-    def in_flight(self) -> int:
-        return len(self._inflight)
-
     def _send(self, msg: Message) -> None:
         conn = self._conn
         if conn is None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from edgellm.api.validation import normalize_response_format, parse_chat_request
+from edgellm.api.validation import ChatRequest, normalize_response_format, parse_chat_request
 from edgellm.engine.types import GuideKind
 from edgellm.errors import InvalidRequest
 
@@ -218,3 +218,19 @@ def test_response_format_and_guided_decoding_together_is_an_error():
         {"messages": MSG, "response_format": {"type": "json_object"}, "guided_decoding": {"regex": "a"}},
         "set either response_format or guided_decoding, not both",
     )
+
+
+def test_stored_params_round_trip_to_the_same_request():
+    original = parse_chat_request(
+        {
+            "messages": MSG,
+            "temperature": 0,
+            "seed": 9,
+            "logit_bias": {"5": -1},
+            "guided_decoding": {"json_schema": SCHEMA},
+            "stop": ["x"],
+            "metadata": {"a": 1},
+        }
+    )
+    restored = ChatRequest.from_params(json.loads(json.dumps(original.params_dict())), {"a": 1})
+    assert restored == original
