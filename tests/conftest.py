@@ -24,3 +24,21 @@ def node(tmp_path_factory):
 
 def chat(content: str = "Say hello.", **fields) -> dict:
     return {"messages": [{"role": "user", "content": content}], **fields}
+
+
+SLOW_FILES = (
+    "tests/engine/",
+    "tests/batch/",
+    "test_http_api.py",
+    "test_modes_and_auth.py",
+    "test_resilience.py",
+    "test_openai_route.py",
+    "test_sdnotify.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that load the model or start the node are marked slow (`pytest -m "not slow"` skips them)."""
+    for item in items:
+        if any(part in item.nodeid for part in SLOW_FILES):
+            item.add_marker(pytest.mark.slow)

@@ -254,3 +254,20 @@ def test_guided_decoding_and_sampling_fields_on_the_seed_endpoint(node):
             json=chat("Count: one, two, three, four.", stop=[","], temperature=0, max_tokens=32),
         )
         assert "," not in r.json()["result"]["TEXT_RESPONSE"][0]
+
+
+def test_openapi_document_lists_every_route(node):
+    with node.client() as c:
+        paths = set(c.get("/openapi.json").json()["paths"])
+    assert {
+        "/predict",
+        "/create_chat_completion",
+        "/predict_async",
+        "/create_chat_completion_async",
+        "/request_status",
+        "/health",
+        "/status",
+        "/metrics",
+        "/v1/chat/completions",
+        "/v1/models",
+    } <= paths
