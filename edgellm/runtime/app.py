@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,8 +44,6 @@ def node_identity(settings: Settings) -> NodeIdentity:
 
 
 def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
-    from pathlib import Path
-
     registry = Registry(Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl)
     service = Service(
         ServiceConfig(
