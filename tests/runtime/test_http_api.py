@@ -211,6 +211,7 @@ def test_sync_timeout_is_504_with_request_id(node):
 
 def test_health_status_metrics(node):
     with node.client() as c:
+        assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
         h = c.get("/health")
         assert h.status_code == 200
         health = h.json()["result"]
