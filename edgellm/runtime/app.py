@@ -10,10 +10,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
 from edgellm import __version__
 from edgellm.api.auth import Authenticator
+from edgellm.api.body_schema import openapi_components
 from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
 from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
@@ -152,10 +154,16 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
             {"request_id": request_id, "poll_url": f"/request_status?request_id={request_id}", "status": "pending"}
         )
 
+    body_doc = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatRequest"}}},
+        }
+    }
     for path in ("/predict", "/create_chat_completion"):
-        app.add_api_route(path, predict, methods=["POST"])
+        app.add_api_route(path, predict, methods=["POST"], openapi_extra=body_doc)
     for path in ("/predict_async", "/create_chat_completion_async"):
-        app.add_api_route(path, predict_async, methods=["POST"])
+        app.add_api_route(path, predict_async, methods=["POST"], openapi_extra=body_doc)
 
     @app.get("/request_status")
     async def request_status(request: Request, request_id: str | None = None, return_full: bool = False):
@@ -186,4 +194,13 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
         return respond(service.metrics())
 
     add_openai_routes(app, service, settings.max_body_bytes)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app

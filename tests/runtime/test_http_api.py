@@ -259,7 +259,10 @@ def test_guided_decoding_and_sampling_fields_on_the_seed_endpoint(node):
 
 def test_openapi_document_lists_every_route(node):
     with node.client() as c:
-        paths = set(c.get("/openapi.json").json()["paths"])
+        doc = c.get("/openapi.json").json()
+    paths = set(doc["paths"])
+    body = doc["paths"]["/create_chat_completion"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/ChatRequest"} and "ChatRequest" in doc["components"]["schemas"]
     assert {
         "/predict",
         "/create_chat_completion",
