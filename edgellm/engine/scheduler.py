@@ -132,7 +132,8 @@ class Scheduler:
             logits = self.model.decode(tokens, positions, seqs, want)
         except EngineError as exc:
             log.error("decode failed for %d slots: %s", len({*seqs}), exc)
-            for slot in {s for s in self.slots if s.seq_id in set(seqs)}:
+            in_batch = set(seqs)
+            for slot in (s for s in self.slots if s.seq_id in in_batch):
                 outputs.append(self._finish(slot, FinishReason.ERROR, error=exc.message, error_type="engine_error"))
                 self.model.trim_sequence(slot.seq_id, 0)  # its KV state is unknown now
                 slot.cached = []
@@ -192,8 +193,8 @@ class Scheduler:
                     continue
             # The idle slot whose cached tokens share the longest prefix with this prompt; at least
             # one prompt token is always decoded again, to get the logits of the first output.
-            slot = max(idle, key=lambda s: s.common_prefix(prepared.prompt))
-            reused = min(slot.common_prefix(prepared.prompt), len(prepared.prompt) - 1)
+            shared, slot = max(((s.common_prefix(prepared.prompt), s) for s in idle), key=lambda pair: pair[0])
+            reused = min(shared, len(prepared.prompt) - 1)
             self.model.trim_sequence(slot.seq_id, reused)
             slot.start(prepared, guide, reused)
             self.stats.reused_tokens += reused
