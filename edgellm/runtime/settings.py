@@ -1,6 +1,9 @@
 """Node settings: defaults < config file (YAML) < environment (EDGELLM_*) < CLI flags.
 
-Built once in runtime/ and passed down; nothing below runtime/ reads the environment.
+Built once in runtime/ and passed down; nothing below runtime/ reads the environment. The environment
+is read only through names that start with EDGELLM_, plus the two upstream names the Ratio1 node
+documents (INFERENCE_API_TOKEN, REQUEST_TTL_SECONDS): a stray TOKENS= or PORT= in a service's
+environment must never configure auth or anything else.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -50,7 +54,10 @@ def default_state_dir() -> str:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EDGELLM_", extra="forbid", populate_by_name=True)
+    # No validation aliases and no populate_by_name: either one makes pydantic-settings read an
+    # un-prefixed variable (an alias "tokens" is read from TOKENS=). Upstream names come from
+    # _UpstreamEnvSource instead.
+    model_config = SettingsConfigDict(env_prefix="EDGELLM_", extra="forbid")
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
@@ -67,15 +74,11 @@ class Settings(BaseSettings):
     state_dir: str = Field(default_factory=default_state_dir)
     request_timeout: float = Field(600.0, gt=0, description="default per-request timeout (s)")
     max_request_timeout: float = Field(3600.0, gt=0)
-    request_ttl: float = Field(
-        7200.0, gt=0, validation_alias=AliasChoices("request_ttl", "EDGELLM_REQUEST_TTL", "REQUEST_TTL_SECONDS")
-    )
+    request_ttl: float = Field(7200.0, gt=0, description="seconds a finished request stays queryable")
     max_queued: int = Field(64, ge=1, description="requests in flight (queued + generating) before 429")
     max_body_bytes: int = Field(1_048_576, ge=1024)
     shutdown_grace_s: int = Field(20, ge=0, description="on SIGTERM, wait this long for in-flight sync requests")
-    tokens: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, validation_alias=AliasChoices("tokens", "EDGELLM_TOKENS", "INFERENCE_API_TOKEN")
-    )
+    tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     node_alias: str = Field(default_factory=socket.gethostname)
     evm_network: str = "local"
     log_level: str = "info"
@@ -88,6 +91,18 @@ class Settings(BaseSettings):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
 
+    @model_validator(mode="after")
+    def _batch_fits_every_slot(self) -> Settings:
+        # Each step puts at least one token per generating slot into one llama_decode batch of at
+        # most n_batch tokens (guided decoding fast-forwards up to n_batch // n_slots per slot), so
+        # with n_batch < n_slots a full house can never be decoded: every step would fail.
+        if self.n_batch < self.n_slots:
+            raise ValueError(
+                f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): every generating slot "
+                "feeds at least one token into each decode batch; raise n_batch or lower n_slots"
+            )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -97,7 +112,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ):
-        sources: tuple = (init_settings, env_settings)
+        # Earlier sources win: CLI flags, EDGELLM_*, then the upstream names, then the YAML file.
+        sources: tuple = (init_settings, env_settings, _UpstreamEnvSource(settings_cls))
         if settings_cls.model_config.get("yaml_file"):
             sources += (YamlConfigSettingsSource(settings_cls),)
         return sources
@@ -143,6 +159,22 @@ class Settings(BaseSettings):
                 f"refusing to listen on non-loopback address {self.host} without a token: set "
                 "INFERENCE_API_TOKEN (or tokens in the config file)"
             )
+
+
+class _UpstreamEnvSource(PydanticBaseSettingsSource):
+    """The two environment names the upstream Ratio1 plugin documents, and nothing else.
+
+    EDGELLM_TOKENS / EDGELLM_REQUEST_TTL come first (they are the env source, which outranks this).
+    """
+
+    NAMES = {"tokens": "INFERENCE_API_TOKEN", "request_ttl": "REQUEST_TTL_SECONDS"}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name = self.NAMES.get(field_name)
+        return (os.environ.get(name) if name else None), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {field: os.environ[name] for field, name in self.NAMES.items() if name in os.environ}
 
 
 def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
