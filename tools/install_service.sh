@@ -9,6 +9,9 @@
 # built with CUDA for the board's GPU (sm_87 Orin, sm_72 Xavier, sm_62 TX2, sm_53 Nano/TX1);
 # on a machine with nvcc and an NVIDIA driver it is built with CUDA for that GPU; else for the CPU.
 # --root DIR installs into DIR as if it were / (packaging and tests): no user, no systemctl.
+# The unit is rendered for the machine: SupplementaryGroups= lists only the GPU groups (video, render)
+# that exist, and IPAddressDeny=any/IPAddressAllow=localhost stay only while the configured host
+# (EDGELLM_HOST in edgellm.env, else host: in node.yaml) is loopback: rerun after changing host.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,7 +43,7 @@ while [ $# -gt 0 ]; do
         --skip-install) SKIP_INSTALL=1 ;;   # files only, no venv/pip (packaging, tests)
         --no-systemctl) NO_SYSTEMCTL=1 ;;
         --print-build-env) MODE=print ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
     shift
@@ -107,6 +110,47 @@ install_file_once() {   # install_file_once SRC DEST MODE: never overwrite an ed
     fi
 }
 
+group_exists() {   # in the install root's /etc/group when it has one (packaging, tests), else here
+    if [ "$LIVE" = 0 ] && [ -f "$(R /etc/group)" ]; then
+        grep -q "^$1:" "$(R /etc/group)"
+    else
+        getent group "$1" >/dev/null 2>&1
+    fi
+}
+
+gpu_groups() {   # the GPU device groups that exist: systemd refuses to start (216/GROUP) on a missing one
+    local g out=""
+    for g in video render; do group_exists "$g" && out="${out:+$out }$g"; done
+    echo "$out"
+}
+
+configured_host() {   # what the node will bind: EDGELLM_HOST in edgellm.env wins over host: in node.yaml
+    local host="127.0.0.1" v
+    v="$(sed -n -E 's/^host:[[:space:]]*([^#[:space:]]+).*/\1/p' "$(R /etc/edgellm/node.yaml)" 2>/dev/null | tail -n 1 || true)"
+    [ -n "$v" ] && host="$v"
+    v="$(sed -n -E 's/^[[:space:]]*(export[[:space:]]+)?EDGELLM_HOST=([^#[:space:]]+).*/\2/p' \
+        "$(R /etc/edgellm/edgellm.env)" 2>/dev/null | tail -n 1 || true)"
+    [ -n "$v" ] && host="$v"
+    host="${host//\"/}"; host="${host//\'/}"
+    echo "$host"
+}
+
+is_loopback() { case "$1" in localhost|127.*|::1|"[::1]") return 0 ;; *) return 1 ;; esac; }
+
+render_unit() {   # render_unit GROUPS HOST: the shipped unit for this machine, on stdout
+    local groups="$1" host="$2" args=()
+    args+=(-e "s#/opt/edgellm/venv/bin/edgellm#${PREFIX}/venv/bin/edgellm#")
+    args+=(-e "s#^User=edgellm#User=${SERVICE_USER}#" -e "s#^Group=edgellm#Group=${SERVICE_USER}#")
+    if [ -n "$groups" ]; then
+        args+=(-e "s#^SupplementaryGroups=.*#SupplementaryGroups=${groups}#")
+    else
+        args+=(-e "/^SupplementaryGroups=/d")
+    fi
+    # IPAddressDeny=any is only right while nothing but loopback may reach the node.
+    is_loopback "$host" || args+=(-e "/^IPAddressDeny=/d" -e "/^IPAddressAllow=/d")
+    sed "${args[@]}" "$REPO/systemd/edgellm.service"
+}
+
 do_install() {
     build_env
     say "device: ${DEVICE}${CUDA_ARCH:+ (CUDA arch ${CUDA_ARCH})}"
@@ -116,8 +160,9 @@ do_install() {
         useradd --system --home-dir /var/lib/edgellm --no-create-home --shell /usr/sbin/nologin "$SERVICE_USER"
         say "created system user $SERVICE_USER"
     fi
+    local groups; groups="$(gpu_groups)"
     if [ "$LIVE" = 1 ]; then
-        for g in video render; do getent group "$g" >/dev/null && usermod -aG "$g" "$SERVICE_USER"; done
+        for g in $groups; do usermod -aG "$g" "$SERVICE_USER"; done
     fi
 
     install -d -m 0755 "$(R "$PREFIX")" "$(R /etc/edgellm)" "$(R /etc/systemd/system)"
@@ -143,10 +188,11 @@ do_install() {
     install_file_once "$REPO/systemd/edgellm.env.example" "$(R /etc/edgellm/edgellm.env)" 0640
 
     local unit; unit="$(R /etc/systemd/system/edgellm.service)"
-    sed -e "s#/opt/edgellm/venv/bin/edgellm#${PREFIX}/venv/bin/edgellm#" -e "s#^User=edgellm#User=${SERVICE_USER}#" \
-        -e "s#^Group=edgellm#Group=${SERVICE_USER}#" "$REPO/systemd/edgellm.service" > "${unit}.new"
+    local host; host="$(configured_host)"
+    render_unit "$groups" "$host" > "${unit}.new"
     mv "${unit}.new" "$unit"; chmod 0644 "$unit"
-    say "wrote $unit"
+    say "wrote $unit (supplementary groups: ${groups:-none}; host ${host}: IP traffic $(is_loopback "$host" \
+        && echo "limited to localhost" || echo "left open"))"
 
     if [ -n "$MODEL" ]; then
         [ -f "$MODEL" ] || die "--model: no such file: $MODEL"
