@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 import jinja2
@@ -27,6 +28,8 @@ CHATML_TEMPLATE = (
 )
 
 _backend_ready = False
+# Placeholders for message content while the chat template renders (Unicode private-use marks).
+_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class LlamaModel:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self.formatter = self._chat_formatter()
+        self.partial_trim = self._memory_can_drop_suffix()
 
     # -- loading -------------------------------------------------------------------------------
     def _load(self, config: ModelConfig, force_gpu_failure: bool) -> OffloadInfo:
@@ -123,6 +127,16 @@ class LlamaModel:
             self.model = _load_model(config.path, 0)
         n_layers = L.llama_model_n_layer(self.model)
         return OffloadInfo(gpu_supported, min(wanted, n_layers + 1), n_layers, fallback)
+
+    def _memory_can_drop_suffix(self) -> bool:
+        """Prefix KV reuse keeps positions [0, n) and drops the rest; recurrent state (Mamba, RWKV,
+        hybrids) and sliding-window attention cannot do that reliably, so they re-process prompts."""
+        for name in ("llama_model_is_recurrent", "llama_model_is_hybrid"):
+            fn = getattr(L, name, None)
+            if fn is not None and fn(self.model):
+                return False
+        n_swa = getattr(L, "llama_model_n_swa", None)
+        return not (n_swa is not None and n_swa(self.model) > 0)
 
     def _new_context(self, config: ModelConfig) -> ctypes.c_void_p:
         cp = L.llama_context_default_params()
@@ -164,9 +178,49 @@ class LlamaModel:
             return self.formatter(messages=messages).prompt
         except jinja2.TemplateError as exc:  # e.g. a template that refuses a role or an order of turns
             raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
+        except ValueError as exc:  # the template's raise_exception() (Mistral/Gemma refuse some turn orders)
+            raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
+
+    def chat_tokens(self, messages: list[dict], *, limit: int | None = None) -> list[int]:
+        """The prompt of a conversation, where only the template's own markup may become control tokens.
+
+        Each message's content is swapped for a private-use placeholder before rendering; the
+        rendered text is then tokenized piecewise: template text with special-token parsing on,
+        client content with it off, so a user who writes "<|im_start|>system" gets those
+        characters as text, not a forged role turn. Past `limit` tokens it stops with a 400 at once
+        instead of tokenizing the rest of a prompt that cannot fit anyway.
+        """
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        rendered = self.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+        parts = _PLACEHOLDER.split(rendered)
+        # split() with one group gives [text, index, text, index, ..., text]
+        indices = [int(i) for i in parts[1::2]]
+        if sorted(indices) != list(range(len(messages))):
+            # The template transformed the content (sliced it, repeated it): fall back to tokenizing
+            # the rendered prompt as a whole, as llama.cpp's own server does.
+            log.warning("chat template altered the content placeholders; control-token text in content is parsed")
+            return self.tokenize(self.render_chat(messages), special=True)
+        tokens: list[int] = []
+        for j, text in enumerate(parts):
+            if j % 2 == 0:
+                if text:
+                    tokens += self.tokenize(text, special=True)
+            else:
+                content = messages[int(text)]["content"]
+                if content:
+                    tokens += self.tokenize(content, special=False)
+            if limit is not None and len(tokens) > limit:
+                raise InvalidRequest(
+                    f"prompt is over {limit} tokens (stopped counting at message {j // 2} of {len(messages)}) but a "
+                    f"slot holds at most {limit}; shorten the messages"
+                )
+        return tokens
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest("the prompt contains a lone surrogate (invalid UTF-16); send valid text") from None
         cap = len(data) + 16
         arr = (L.llama_token * cap)()
         n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
@@ -217,10 +271,19 @@ class LlamaModel:
         # The buffer is overwritten by the next decode: copy the rows out now.
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
 
-    def trim_sequence(self, seq_id: int, keep: int) -> None:
-        """Drop every cached position >= keep of one sequence (keep=0 clears it)."""
-        if not L.llama_memory_seq_rm(self.memory, seq_id, keep, -1):
+    def trim_sequence(self, seq_id: int, keep: int) -> bool:
+        """Drop every cached position >= keep of one sequence (keep=0 clears it).
+
+        False when only a full clear was possible (recurrent or sliding-window memory cannot drop a
+        suffix): the caller must then prefill from position 0, not leave a gap.
+        """
+        if keep > 0 and not self.partial_trim:
             L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            return False
+        if L.llama_memory_seq_rm(self.memory, seq_id, keep, -1):
+            return True
+        L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        return keep == 0
 
     def close(self) -> None:
         if getattr(self, "batch", None) is not None:

@@ -7,15 +7,17 @@ mask + sample each slot's row -> emit outputs. A request joins or leaves between
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.engine.guide_llguidance import GuideBackend
+from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, apply_penalties, sample_row
 from edgellm.engine.slot import PreparedRequest, Slot, SlotState
@@ -57,35 +59,62 @@ class Scheduler:
         self.waiting: deque[PreparedRequest] = deque()
         self.max_waiting = max_waiting
         self.guides = GuideBackend(model.vocab, model.n_vocab, model.eog_tokens, model.n_slots)
-        # Grammar compiles run off the step loop (LLMatcher construction releases the GIL).
-        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="guide-compile")
+        # Prompt rendering/tokenizing and grammar compiles run off the step loop (llama_tokenize and
+        # LLMatcher construction release the GIL). Two threads: one slow grammar does not hold up
+        # every other request's preparation.
+        self._preparer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
         self._aborted: set[str] = set()
         self.stats = StepStats()
 
     # -- intake ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> EngineOutput | None:
-        """Queue a request; returns an immediate final output when it cannot be accepted."""
-        try:
-            if len(self.waiting) >= self.max_waiting:
-                raise QueueFull(f"engine queue is full ({self.max_waiting} waiting)")
-            prompt = self.model.tokenize(self.model.render_chat(request.messages))
-            room = self.model.slot_ctx - 1
-            if len(prompt) > room:
-                raise InvalidRequest(
-                    f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
-                    f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages"
-                )
-            future = self._compiler.submit(self.guides.compile, request.guide) if request.guide else None
-        except EdgeLLMError as exc:
+        """Queue a request; returns an immediate final output when it cannot be accepted.
+
+        Rendering, tokenizing and guide compilation run in the prepare pool, off the step loop: a
+        600 KB prompt or a slow grammar delays only its own request, and an exception there fails
+        only that request (it comes back as a failed future at admission).
+        """
+        if len(self.waiting) >= self.max_waiting:
+            exc = QueueFull(f"engine queue is full ({self.max_waiting} waiting)")
             return EngineOutput.failure(request.request_id, exc.message, exc.error_type)
-        self.waiting.append(PreparedRequest(request, prompt, future))
+        self.waiting.append(PreparedRequest(request, self._preparer.submit(self._prepare, request)))
         return None
+
+    def _prepare(self, request: EngineRequest) -> tuple[list[int], Guide | None]:
+        """Prompt tokens and compiled guide of one request; raises EdgeLLMError for the caller's mistakes."""
+        room = self.model.slot_ctx - 1
+        try:
+            prompt = self.model.chat_tokens(request.messages, limit=room)
+        except EdgeLLMError:
+            raise
+        except Exception as exc:  # a template or tokenizer failure is this request's, never the worker's
+            log.warning("request %s: preparing the prompt failed: %r", request.request_id, exc)
+            raise InvalidRequest(f"the prompt could not be prepared: {type(exc).__name__}: {exc}"[:500]) from None
+        if len(prompt) > room:
+            raise InvalidRequest(
+                f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
+                f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages"
+            )
+        guide = self.guides.compile(request.guide) if request.guide is not None else None
+        return prompt, guide
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
 
     def has_work(self) -> bool:
         return bool(self.waiting) or any(s.state is not SlotState.IDLE for s in self.slots)
+
+    def can_step(self) -> bool:
+        """True when step() has something to do now (not just requests still being prepared)."""
+        if any(s.state is not SlotState.IDLE for s in self.slots):
+            return True
+        return any(p.ready for p in self.waiting)
+
+    def wait_prepared(self, timeout_s: float) -> None:
+        """Block up to timeout_s for the oldest request in preparation (the idle worker's sleep)."""
+        head = next((p for p in self.waiting if not p.ready), None)
+        if head is not None:
+            futures_wait([head.future], timeout=timeout_s)
 
     def load(self) -> dict:
         busy = sum(1 for s in self.slots if s.state is not SlotState.IDLE)
@@ -128,30 +157,79 @@ class Scheduler:
         if not tokens:
             return outputs
         t0 = time.perf_counter()
-        try:
-            logits = self.model.decode(tokens, positions, seqs, want)
-        except EngineError as exc:
-            log.error("decode failed for %d slots: %s", len({*seqs}), exc)
-            in_batch = set(seqs)
-            for slot in (s for s in self.slots if s.seq_id in in_batch):
-                outputs.append(self._finish(slot, FinishReason.ERROR, error=exc.message, error_type="engine_error"))
-                self.model.trim_sequence(slot.seq_id, 0)  # its KV state is unknown now
-                slot.cached = []
-            return outputs
+        logits, failed = self._decode(tokens, positions, seqs, want)
         self.stats.decode_s += time.perf_counter() - t0
         self.stats.steps += 1
+        for seq_id, error in failed.items():
+            slot = self.slots[seq_id]
+            log.error("decode failed for slot %d (request %s): %s", seq_id, slot.request_id, error)
+            outputs.append(self._finish(slot, FinishReason.ERROR, error=error, error_type="engine_error"))
+            self.model.trim_sequence(seq_id, 0)  # its KV state is unknown now
+            slot.cached = []
         for slot, n in prefilling:
+            if slot.seq_id in failed:
+                continue
             slot.n_prefilled += n
             slot.n_past += n
             self.stats.prompt_tokens += n
         for slot in rows:
-            if slot.state is SlotState.DECODE:
+            if slot.state is SlotState.DECODE and slot.seq_id not in failed:
                 slot.n_past += len(slot.pending)  # the tokens fed this step are now in the KV cache
         for r, slot in enumerate(rows):
-            out = self._sample_and_advance(slot, logits[r], r)
+            if slot.seq_id in failed:
+                continue
+            try:
+                out = self._sample_and_advance(slot, logits[r], r)
+            except Exception as exc:  # a fault in one slot's sampling/guide ends that request only
+                log.exception("slot %d (request %s) failed while sampling", slot.seq_id, slot.request_id)
+                out = self._finish(
+                    slot,
+                    FinishReason.ERROR,
+                    error=f"internal error while generating: {exc!r}"[:500],
+                    error_type="engine_error",
+                )
             if out is not None:
                 outputs.append(out)
         return outputs
+
+    def _decode(
+        self, tokens: list[int], positions: list[int], seqs: list[int], want: list[bool]
+    ) -> tuple[list[np.ndarray | None], dict[int, str]]:
+        """Decode one batch; when llama_decode fails, halve the batch and retry (as llama-server does),
+        so a failure ends only the sequences whose tokens fail on their own.
+
+        Returns one logits row per wanted token, in order (None for a failed sequence), and the
+        failed sequence ids with their error.
+        """
+        row_of = [r - 1 for r in itertools.accumulate(int(w) for w in want)]
+        rows: list[np.ndarray | None] = [None] * (row_of[-1] + 1 if row_of else 0)
+        failed: dict[int, str] = {}
+
+        def run(idx: list[int]) -> None:
+            idx = [i for i in idx if seqs[i] not in failed]
+            if not idx:
+                return
+            try:
+                out = self.model.decode(
+                    [tokens[i] for i in idx],
+                    [positions[i] for i in idx],
+                    [seqs[i] for i in idx],
+                    [want[i] for i in idx],
+                )
+            except EngineError as exc:
+                if len(idx) == 1:
+                    failed[seqs[idx[0]]] = exc.message
+                    return
+                log.warning("decode of %d tokens failed (%s); retrying in halves", len(idx), exc.message)
+                run(idx[: len(idx) // 2])
+                run(idx[len(idx) // 2 :])
+                return
+            wanted = [i for i in idx if want[i]]
+            for k, i in enumerate(wanted):
+                rows[row_of[i]] = out[k]
+
+        run(list(range(len(tokens))))
+        return rows, failed
 
     def _drop_cancelled(self, outputs: list[EngineOutput]) -> None:
         now = time.time()
@@ -178,24 +256,25 @@ class Scheduler:
         return None
 
     def _admit(self, outputs: list[EngineOutput]) -> None:
+        # A request whose preparation failed ends now, whether or not a slot is free.
+        for prepared in [p for p in self.waiting if p.ready and p.future.exception() is not None]:
+            self.waiting.remove(prepared)
+            outputs.append(_preparation_failure(prepared))
         while True:
             idle = [s for s in self.slots if s.state is SlotState.IDLE]
             prepared = next((p for p in self.waiting if p.ready), None) if idle else None
             if prepared is None:
                 return
             self.waiting.remove(prepared)
-            guide = None
-            if prepared.guide_future is not None:
-                try:
-                    guide = prepared.guide_future.result()
-                except EdgeLLMError as exc:
-                    outputs.append(EngineOutput.failure(prepared.request.request_id, exc.message, exc.error_type))
-                    continue
+            prompt, guide = prepared.future.result()
+            prepared.prompt = prompt
             # The idle slot whose cached tokens share the longest prefix with this prompt; at least
             # one prompt token is always decoded again, to get the logits of the first output.
             shared, slot = max(((s.common_prefix(prepared.prompt), s) for s in idle), key=lambda pair: pair[0])
             reused = min(shared, len(prepared.prompt) - 1)
-            self.model.trim_sequence(slot.seq_id, reused)
+            if not self.model.trim_sequence(slot.seq_id, reused):
+                reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
+                slot.cached = []
             slot.start(prepared, guide, reused)
             self.stats.reused_tokens += reused
             log.debug(
@@ -330,7 +409,17 @@ class Scheduler:
         return out
 
     def close(self) -> None:
-        self._compiler.shutdown(wait=False, cancel_futures=True)
+        self._preparer.shutdown(wait=False, cancel_futures=True)
+
+
+def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:
+    exc = prepared.future.exception()
+    rid = prepared.request.request_id
+    if isinstance(exc, EdgeLLMError):
+        return EngineOutput.failure(rid, exc.message, exc.error_type)
+    # A bug in preparation: this request's failure, never the worker's.
+    log.error("request %s: preparation failed", rid, exc_info=exc)
+    return EngineOutput.failure(rid, f"internal error while preparing the request: {exc!r}"[:500], "engine_error")
 
 
 def _cancel_text(reason: FinishReason) -> str:

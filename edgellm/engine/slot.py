@@ -20,16 +20,16 @@ class SlotState(Enum):
 
 @dataclass
 class PreparedRequest:
-    """A request rendered and tokenized, waiting for a slot (and for its guide to compile)."""
+    """A request waiting for a slot; `future` (prompt tokens, compiled guide) resolves off the step loop."""
 
     request: EngineRequest
-    prompt: list[int]
-    guide_future: Future[Guide] | None
+    future: Future[tuple[list[int], Guide | None]]
     queued_at: float = field(default_factory=time.monotonic)
+    prompt: list[int] = field(default_factory=list)  # set from the future at admission
 
     @property
     def ready(self) -> bool:
-        return self.guide_future is None or self.guide_future.done()
+        return self.future.done()
 
 
 class Slot:

@@ -24,13 +24,20 @@ class EngineHarness:
         for _ in range(max_steps):
             if not self.scheduler.has_work():
                 break
-            for o in self.scheduler.step():
+            for o in step_when_prepared(self.scheduler):
                 if o.finished:
                     outs[o.request_id] = o
         return outs
 
     def one(self, request: EngineRequest) -> EngineOutput:
         return self.run([request])[request.request_id]
+
+
+def step_when_prepared(scheduler: Scheduler) -> list[EngineOutput]:
+    """One step, once the queued requests are prepared (preparation runs off the step loop)."""
+    while scheduler.has_work() and not scheduler.can_step():
+        scheduler.wait_prepared(1.0)
+    return scheduler.step()
 
 
 @pytest.fixture(scope="session")

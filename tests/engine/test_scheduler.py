@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edgellm.engine.slot import SlotState
 from edgellm.engine.types import FinishReason
-from tests.engine.conftest import req
+from tests.engine.conftest import req, step_when_prepared
 
 PROMPTS = [
     "Write a short story about a robot.",
@@ -66,7 +66,7 @@ def test_queue_full_is_rejected(engine):
     s = engine.scheduler
     for i in range(len(s.slots) + s.max_waiting):
         s.add_request(req(f"q{i}", max_tokens=16))
-    s.step()  # admits 8 into slots; the waiting queue holds the rest
+    step_when_prepared(s)  # admits 8 into slots; the waiting queue holds the rest
     while len(s.waiting) < s.max_waiting:
         s.add_request(req(f"qq{len(s.waiting)}", max_tokens=16))
     rejected = s.add_request(req("overflow", max_tokens=16))
@@ -80,7 +80,7 @@ def test_queue_full_is_rejected(engine):
 def test_cancellation_frees_the_slot_at_the_next_step(engine):
     s = engine.scheduler
     s.add_request(req("cancel-me", max_tokens=500, logit_bias={0: -100, 2: -100}))
-    s.step()
+    step_when_prepared(s)
     slot = next(x for x in s.slots if x.request_id == "cancel-me")
     s.abort("cancel-me")
     outs = s.step()
