@@ -4,11 +4,23 @@ Two levels, as in vLLM's structured-output backends: `grammar_for(spec)` turns a
 `GuideSpec` into an llguidance grammar (validated, cached; usable without a model, so the API
 process can reject bad specs with a 400), and `GuideBackend.compile(spec)` builds a per-request
 `Guide` (one LLMatcher) against the model's tokenizer.
+
+What `grammar_for` rejects at submit, beyond what llguidance's own validation catches (issue 8,
+defect 7), all of which used to fail at the first token or run to max_tokens:
+- counted repetitions whose nested product exceeds MAX_REPEAT (`a{1000000}`, `(a{1000}){1000}`):
+  llguidance's lexer builds one expression per count and gives up mid-request;
+- schema `minLength`/`minItems`/`minProperties`/`minContains` above MAX_REPEAT: no run could
+  produce that within max_tokens;
+- grammars with no finite output (`{"$ref": "#"}` accepts nothing; a required property that
+  refers to its own object never ends), or whose smallest output exceeds MIN_OUTPUT_BUDGET bytes.
+  Found by walking a matcher over a byte-level tokenizer towards the shortest completion.
+Error messages carry llguidance's first line only: the rest is an internal parser state dump.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from functools import lru_cache
 
@@ -21,6 +33,16 @@ from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import GuideError
 
 MAX_GUIDE_BYTES = 128 * 1024
+# Bound on a counted repetition, nested counts multiplied: `a{10000}` works, `a{1000000}` exhausts
+# llguidance's lexer at the first token.
+MAX_REPEAT = 10_000
+# The smallest output a guide admits must fit in this many bytes: more cannot come out of
+# max_tokens (<= 4096) tokens in practice, and an endless recursion never gets there.
+MIN_OUTPUT_BUDGET = 16 * 1024
+_MESSAGE_CHARS = 200
+_MIN_COUNT_KEYS = ("minLength", "minItems", "minProperties", "minContains")
+# Keywords whose values are JSON data, not subschemas: a {"pattern": ...} in an example is no regex.
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 # Compact JSON: a small model given free whitespace tends to pad output with newlines forever.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -42,15 +64,38 @@ def _spec_text(spec: GuideSpec) -> str:
 
 
 def grammar_for(spec: GuideSpec) -> str:
-    """The llguidance grammar for a spec; raises GuideError with llguidance's message if unusable."""
+    """The llguidance grammar for a spec, checked as at submit (see the module doc); raises GuideError
+    with a short message a client can act on."""
+    grammar = _grammar(spec)
+    _check_completes(spec.kind, grammar)
+    return grammar
+
+
+def _grammar(spec: GuideSpec) -> str:
+    """The grammar without the shortest-completion walk: what the worker compiles a request with
+    that grammar_for already accepted at submit."""
     text = _spec_text(spec)
     if len(text.encode("utf-8")) > MAX_GUIDE_BYTES:
         raise GuideError(f"{spec.kind.value} guide is {len(text.encode())} bytes; the limit is {MAX_GUIDE_BYTES}")
     return _compile_cached(spec.kind, text)
 
 
+def short_error(message: str) -> str:
+    """llguidance's message without its internals: the first line (plus a regex parser's `error:`
+    line, which says what is wrong), at most _MESSAGE_CHARS characters."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    if not lines:
+        return "rejected"
+    text = lines[0]
+    detail = next((line for line in lines[1:] if line.startswith("error:")), None)
+    if detail:
+        text = f"{text.rstrip(':')}: {detail.removeprefix('error:').strip()}"
+    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
+
+
 @lru_cache(maxsize=256)
 def _compile_cached(kind: GuideKind, text: str) -> str:
+    _check_counts(kind, text)
     try:
         if kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
             grammar = LLMatcher.grammar_from_json_schema(text, overrides=_JSON_OPTIONS)
@@ -61,11 +106,225 @@ def _compile_cached(kind: GuideKind, text: str) -> str:
         else:
             grammar = llguidance.grammar_from("grammar", text)
     except Exception as exc:  # llguidance raises ValueError/RuntimeError with a readable message
-        raise GuideError(f"invalid {kind.value} guide: {exc}") from exc
+        raise GuideError(f"invalid {kind.value} guide: {short_error(str(exc))}") from exc
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise GuideError(f"invalid {kind.value} guide: {messages[0] if messages else 'rejected'}")
+        raise GuideError(f"invalid {kind.value} guide: {short_error(messages[0] if messages else '')}")
     return grammar
+
+
+# -- cheap pre-scan: counted repetitions and schema minimum counts ------------------------------------
+
+# `{n}`, `{n,}`, `{n,m}` (regex, GBNF) and Lark's `~ n`, `~ n..m`.
+_BRACE_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_TILDE_COUNT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
+
+
+def repeat_product(text: str, *, grammar: bool = False) -> int:
+    """The largest product of nested counted repetitions in a regex (or, with grammar=True, a Lark/GBNF
+    grammar: string literals skipped, `[...]` and `~ n` taken as grammar syntax).
+
+    A scan, not a parser: it only has to be right about where counts sit relative to groups.
+    """
+    stack = [1]  # per open group: the largest weight of an atom inside it
+    last = 1  # weight of the atom a quantifier would apply to
+    worst = 1
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            # \p{L}, \x{41}, \u{41}: the braces are part of the escape, not a count
+            if i + 2 < n and text[i + 1] in "pPxuN" and text[i + 2] == "{":
+                close = text.find("}", i + 2)
+                i = n if close < 0 else close + 1
+            else:
+                i += 2
+            last = 1
+            stack[-1] = max(stack[-1], 1)
+            continue
+        if grammar and c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            i, last = j + 1, 1
+            continue
+        if c == "[" and not grammar:
+            j = i + 1
+            depth = 1
+            if j < n and text[j] == "^":
+                j += 1
+            if j < n and text[j] == "]":
+                j += 1  # a leading ] is a literal
+            while j < n and depth:
+                if text[j] == "\\":
+                    j += 1
+                elif text[j] == "[":
+                    depth += 1
+                elif text[j] == "]":
+                    depth -= 1
+                j += 1
+            i, last = j, 1
+            continue
+        if c in "([":
+            stack.append(1)
+            i += 1
+            continue
+        if c in ")]":
+            inner = stack.pop() if len(stack) > 1 else 1
+            last = inner
+            stack[-1] = max(stack[-1], inner)
+            i += 1
+            continue
+        match = (_BRACE_COUNT.match(text, i) if c == "{" else None) or (
+            _TILDE_COUNT.match(text, i) if grammar and c == "~" else None
+        )
+        if match:
+            low, high = match.group(1), match.group(2)
+            count = max(int(low[:12]), int(high[:12]) if high else 0)  # [:12]: no 5000-digit int()
+            weight = last * count
+            worst = max(worst, weight)
+            stack[-1] = max(stack[-1], weight)
+            last = weight
+            i = match.end()
+            continue
+        last = 1
+        i += 1
+    return worst
+
+
+def _check_counts(kind: GuideKind, text: str) -> None:
+    if kind is GuideKind.REGEX:
+        _check_regex(text, "regex")
+    elif kind is GuideKind.EBNF:
+        product = repeat_product(text, grammar=True)
+        if product > MAX_REPEAT:
+            raise GuideError(
+                f"ebnf guide has a counted repetition of {product} (nested counts multiplied); the limit is "
+                f"{MAX_REPEAT}. Use * or + for long runs."
+            )
+    elif kind is GuideKind.JSON_SCHEMA:
+        _check_schema_counts(json.loads(text))
+
+
+def _check_regex(regex: str, where: str) -> None:
+    product = repeat_product(regex)
+    if product > MAX_REPEAT:
+        raise GuideError(
+            f"{where} has a counted repetition of {product} (nested counts multiplied); the limit is "
+            f"{MAX_REPEAT}. Use * or + for long runs."
+        )
+
+
+def _check_schema_counts(schema: object) -> None:
+    """Walks the whole schema (subschemas, $defs, ...): every `pattern`, every patternProperties key,
+    every minimum count. Iterative; validation.py already bounded the depth."""
+    stack: list[tuple[object, str]] = [(schema, "schema")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key in _MIN_COUNT_KEYS:
+            count = node.get(key)
+            if isinstance(count, int | float) and not isinstance(count, bool) and count > MAX_REPEAT:
+                raise GuideError(
+                    f"json_schema {path}.{key} is {count:.0f}; the limit is {MAX_REPEAT} "
+                    "(no run could produce that within max_tokens)"
+                )
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            _check_regex(pattern, f"json_schema {path}.pattern")
+        props = node.get("patternProperties")
+        if isinstance(props, dict):
+            for key in props:
+                _check_regex(key, f"json_schema {path}.patternProperties key")
+        for key, value in node.items():
+            if key not in _DATA_KEYS and isinstance(value, dict | list):
+                stack.append((value, f"{path}.{key}"))
+
+
+# -- submit-time walk: does the grammar admit a finite output, and a short enough one? ----------------
+
+
+class _ByteTokenizer:
+    """A 257-token vocabulary: the 256 bytes and an EOS. Lets the API process run a matcher without
+    the model's tokenizer (and without importing llama_cpp)."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode("utf-8") if isinstance(text, str) else text)
+
+
+@lru_cache(maxsize=1)
+def _byte_tokenizer() -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer()))
+
+
+# Which allowed byte the walk takes: the cheapest, by its rank below plus _REUSE_COST for each time it
+# was taken already. Rank: what closes a value first, then scalars, then anything else, and a new
+# container last (JSON recursion goes through `[`/`{`, so a base case is taken when one exists). The
+# reuse cost breaks loops that a fixed order would follow forever, such as `(a|b)*c`, or a string's
+# characters where `}` is allowed too.
+_PREFERENCE = [ord(c) for c in '}]"0123456789-ntf'] + [b for b in range(32, 127) if b not in b'}]"0123456789-ntf[{']
+_PREFERENCE += [ord("["), ord("{")] + [b for b in range(256) if b < 32 or b >= 127]
+_RANK = [0] * 256
+for _rank, _byte in enumerate(_PREFERENCE):
+    _RANK[_byte] = _rank
+_REUSE_COST = 8
+
+
+def _check_completes(kind: GuideKind, grammar: str) -> None:
+    problem = _walk_cached(kind, grammar)
+    if problem:
+        raise GuideError(f"{kind.value} guide {problem}")
+
+
+@lru_cache(maxsize=256)
+def _walk_cached(kind: GuideKind, grammar: str) -> str | None:
+    """Walks towards a short output: forced bytes in one go, otherwise the cheapest allowed byte (see
+    _PREFERENCE). Returns what is wrong, or None; refusals are cached too, since the walk is what
+    costs (up to ~0.4 s).
+
+    A heuristic where there are choices (a grammar whose only way out the walk keeps missing could be
+    refused), but exact for what it must catch: a grammar that accepts nothing fails at once, and one
+    whose every path recurses (or needs more than the budget) runs out of budget.
+    """
+    matcher = LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    produced = 0
+    used = [0] * 256
+    while produced <= MIN_OUTPUT_BUDGET and not matcher.is_error():
+        if matcher.is_accepting():
+            return None
+        forced = matcher.compute_ff_tokens()
+        if forced:
+            produced += len(forced)
+            matcher.consume_tokens(forced)
+            continue
+        allowed = matcher.compute_logit_bias()
+        choice = min(
+            (b for b in range(256) if allowed[b]), key=lambda b: _RANK[b] + _REUSE_COST * used[b], default=None
+        )
+        if matcher.is_error() or choice is None:  # no byte allowed, yet not accepting: a dead end
+            break
+        used[choice] += 1
+        produced += 1
+        matcher.consume_token(choice)
+    if produced == 0:
+        # llguidance's own word for this ("NoExtensionBias") means nothing to a client
+        return "admits no output at all (e.g. a schema that only refers to itself, or a rule with no base case)"
+    if produced <= MIN_OUTPUT_BUDGET:
+        detail = short_error(matcher.get_error()) if matcher.is_error() else "a dead end"
+        return f"cannot be completed: {detail}"
+    return (
+        f"has no output shorter than {MIN_OUTPUT_BUDGET} bytes (a recursion with no way out, e.g. a required "
+        "property that refers to its own schema, or very large minimum counts)"
+    )
 
 
 class Guide:
@@ -76,6 +335,11 @@ class Guide:
 
     def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
         fill_next_token_bitmask(self.matcher, bitmask, row)
+        if self.matcher.is_error():
+            # llguidance leaves EOS allowed in an error state; sampled, it would end the request as a
+            # success with whatever text there is (`""` for `{"$ref": "#"}`). An empty mask makes the
+            # scheduler report the dead end instead.
+            bitmask[row].fill(0)
 
     def accept(self, token: int) -> bool:
         return self.matcher.consume_token(token)
@@ -91,7 +355,8 @@ class Guide:
         return self.matcher.is_accepting()
 
     def error(self) -> str | None:
-        return self.matcher.get_error() if self.matcher.is_error() else None
+        """The matcher's error, first line only: the rest is a parser state dump, not for clients."""
+        return short_error(self.matcher.get_error()) if self.matcher.is_error() else None
 
 
 class GuideBackend:
@@ -110,9 +375,10 @@ class GuideBackend:
         self._bits = (np.uint32(1) << np.arange(32, dtype=np.uint32)).astype(np.uint32)
 
     def compile(self, spec: GuideSpec) -> Guide:
-        matcher = LLMatcher(self.tokenizer, grammar_for(spec), log_level=0)
+        # grammar_for's walk ran at submit, in the API process; it is not repeated on the step loop's side.
+        matcher = LLMatcher(self.tokenizer, _grammar(spec), log_level=0)
         if matcher.is_error():
-            raise GuideError(f"invalid {spec.kind.value} guide: {matcher.get_error()}")
+            raise GuideError(f"invalid {spec.kind.value} guide: {short_error(matcher.get_error())}")
         return Guide(matcher)
 
     def allowed(self, row: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import re
 import jsonschema
 import pytest
 
-from edgellm.engine.guide_llguidance import grammar_for
+from edgellm.engine.guide_llguidance import grammar_for, repeat_product
 from edgellm.engine.types import FinishReason, GuideKind, GuideSpec
 from edgellm.errors import GuideError
 from tests.engine.conftest import req
@@ -98,3 +98,134 @@ def test_bad_guides_are_rejected_before_running(spec, fragment):
     with pytest.raises(GuideError) as info:
         grammar_for(spec)
     assert fragment in info.value.message and info.value.http_status == 400
+
+
+# -- issue 8, defect 7: guides that cannot work are 400s at submit, with no llguidance internals --------
+
+SELF_REQUIRED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    "spec,fragment",
+    [
+        (GuideSpec(GuideKind.JSON_SCHEMA, {"$ref": "#"}), "json_schema guide admits no output at all"),
+        (GuideSpec(GuideKind.EBNF, 'start: start "a"'), "ebnf guide admits no output at all"),
+        (GuideSpec(GuideKind.JSON_SCHEMA, SELF_REQUIRED), "has no output shorter than 16384 bytes"),
+        (GuideSpec(GuideKind.EBNF, 'start: "a" start'), "has no output shorter than 16384 bytes"),
+        (GuideSpec(GuideKind.REGEX, "a{1000000}"), "regex has a counted repetition of 1000000"),
+        (GuideSpec(GuideKind.REGEX, "(a{1000}){1000}"), "counted repetition of 1000000 (nested counts multiplied)"),
+        (GuideSpec(GuideKind.REGEX, "x(((a{100}){10,100}){100})"), "counted repetition of 1000000"),
+        (GuideSpec(GuideKind.EBNF, 'start: ("a"~1000)~1000'), "ebnf guide has a counted repetition of 1000000"),
+        (GuideSpec(GuideKind.EBNF, "start: /a{20000}/"), "ebnf guide has a counted repetition of 20000"),
+        (
+            GuideSpec(GuideKind.JSON_SCHEMA, {"type": "string", "pattern": "^(ab{500}){500}$"}),
+            "json_schema schema.pattern has a counted repetition of 250000",
+        ),
+        (
+            GuideSpec(GuideKind.JSON_SCHEMA, {"type": "string", "minLength": 1_000_000}),
+            "json_schema schema.minLength is 1000000; the limit is 10000",
+        ),
+        (
+            GuideSpec(
+                GuideKind.JSON_SCHEMA, {"type": "object", "properties": {"x": {"type": "array", "minItems": 10**6}}}
+            ),
+            "json_schema schema.properties.x.minItems is 1000000",
+        ),
+        (
+            GuideSpec(GuideKind.JSON_SCHEMA, {"type": "array", "items": {"type": "integer"}, "minItems": 9000}),
+            "has no output shorter than 16384 bytes",
+        ),
+    ],
+)
+def test_guides_that_cannot_complete_are_rejected_at_submit(spec, fragment):
+    """Today's main accepts every one of these: `{"$ref": "#"}` then returns 200 with "", the counted
+    repetitions fail at the first token with llguidance's state dump, the rest run to max_tokens."""
+    with pytest.raises(GuideError) as info:
+        grammar_for(spec)
+    assert fragment in info.value.message and info.value.http_status == 400
+    assert "\n" not in info.value.message and "<state>" not in info.value.message
+    assert len(info.value.message) < 300
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GuideSpec(GuideKind.REGEX, "a{4294967296}"),  # llguidance's own multi-line regex parse error
+        GuideSpec(GuideKind.REGEX, "([a-z"),
+        GuideSpec(GuideKind.EBNF, "start: undefined_rule"),
+        GuideSpec(GuideKind.EBNF, "start: " + " | ".join(f'"{i}"' for i in range(200)) + " | x_"),
+    ],
+)
+def test_llguidance_messages_are_cut_to_their_first_line(spec):
+    with pytest.raises(GuideError) as info:
+        grammar_for(spec)
+    assert "\n" not in info.value.message and "<state>" not in info.value.message
+    assert len(info.value.message) <= 250
+
+
+NODE = {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["next"]}
+TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        *(g for g, _ in GUIDES),
+        GuideSpec(GuideKind.JSON_SCHEMA, NODE),
+        GuideSpec(GuideKind.JSON_SCHEMA, TREE),
+        GuideSpec(
+            GuideKind.JSON_SCHEMA,
+            {"anyOf": [{"type": "array", "items": {"$ref": "#"}, "minItems": 1}, {"type": "boolean"}]},
+        ),
+        GuideSpec(GuideKind.JSON_SCHEMA, {"type": "string", "maxLength": 10**9}),
+        GuideSpec(GuideKind.JSON_SCHEMA, {"type": "array", "maxItems": 10**9}),
+        GuideSpec(GuideKind.JSON_SCHEMA, {"type": "string", "minLength": 5000}),
+        GuideSpec(
+            GuideKind.JSON_SCHEMA, {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 3}
+        ),
+        GuideSpec(GuideKind.JSON_SCHEMA, {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}),
+        GuideSpec(GuideKind.REGEX, "(a|b)*c"),
+        GuideSpec(GuideKind.REGEX, "[ab]{10000}"),
+        GuideSpec(GuideKind.REGEX, r"\p{L}{3}\d{2,4}[{}]{2}"),
+        GuideSpec(GuideKind.EBNF, 'start: "(" start ")" | "x"'),
+        GuideSpec(GuideKind.EBNF, 'start: item+\nitem: /[a-z]{1,8}/ ";"'),
+        GuideSpec(GuideKind.EBNF, 'root ::= "yes" | "no"'),
+        GuideSpec(GuideKind.REGEX, "a*"),  # empty output is a match of the regex: not refused
+    ],
+)
+def test_workable_guides_still_pass(spec):
+    assert grammar_for(spec)
+
+
+@pytest.mark.parametrize(
+    "text,grammar,product",
+    [
+        ("abc", False, 1),
+        ("a{5}b{7}", False, 7),
+        ("(a{10}){3,20}", False, 200),
+        ("[{]{3}", False, 3),  # the brace inside a class is a literal
+        (r"\p{L}{4}", False, 4),
+        (r"\{9999999\}", False, 1),
+        ("(a{10}|b){10}", False, 100),
+        ('start: "{1000}" x~3', True, 3),  # a count inside a string literal is text
+        ('start: ["a"~10]~10', True, 100),  # in a grammar, [...] is an optional group
+    ],
+)
+def test_repeat_product(text, grammar, product):
+    assert repeat_product(text, grammar=grammar) == product
+
+
+def test_a_guide_in_an_error_state_never_ends_as_success(engine):
+    """The engine side of `{"$ref": "#"}` (e.g. a request recovered from an older registry): the matcher
+    errors at once and llguidance leaves EOS allowed; today's main samples it and returns "" as a
+    successful STOP. Now the request fails, with no parser dump in its error."""
+    out = engine.one(req("ref", "Return JSON.", guide=GuideSpec(GuideKind.JSON_SCHEMA, {"$ref": "#"}), temperature=0.0))
+    assert out.finish_reason is FinishReason.ERROR and out.error_type == "generation_failed", (out.text, out.error)
+    assert "\n" not in out.error and "<state>" not in out.error
+
+
+def test_a_huge_counted_repetition_fails_with_a_short_error_in_the_engine(engine):
+    """Today's main: fails after the first token with llguidance's multi-line state dump as the error."""
+    out = engine.one(req("rep", "Say a.", guide=GuideSpec(GuideKind.REGEX, "a{1000000}"), temperature=0.0))
+    assert out.finish_reason is FinishReason.ERROR, (out.text, out.error)
+    assert "counted repetition" in out.error and "\n" not in out.error and "<state>" not in out.error
