@@ -10,10 +10,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgellm.api.validation import MAX_MESSAGES, MAX_METADATA_BYTES, MAX_PROMPT_BYTES
+
 
 class MessageBody(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(min_length=1, description="non-empty after trimming")
+    content: str = Field(min_length=1, description="non-empty after trimming; valid UTF-16 (no lone surrogates)")
 
 
 class GuidedDecodingBody(BaseModel):
@@ -29,7 +31,12 @@ class ChatRequestBody(BaseModel):
 
     model_config = ConfigDict(title="ChatRequest", extra="forbid")
 
-    messages: list[MessageBody] = Field(min_length=1)
+    messages: list[MessageBody] = Field(
+        min_length=1,
+        max_length=MAX_MESSAGES,
+        description=f"at most {MAX_MESSAGES} messages (default limit) and {MAX_PROMPT_BYTES} bytes of content "
+        "(UTF-8, summed)",
+    )
     temperature: float = Field(0.7, ge=0.0, le=1.5, description="0 = greedy")
     max_tokens: int = Field(512, ge=16, le=4096)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -46,7 +53,10 @@ class ChatRequestBody(BaseModel):
         None, description="json_object (optional schema) or json_schema (json_schema.schema or schema)"
     )
     guided_decoding: GuidedDecodingBody | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict, description="returned by return_full only")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"returned by return_full only; JSON without NaN/Infinity, at most {MAX_METADATA_BYTES} bytes",
+    )
     authorization: str | None = Field(None, description='"Bearer <t>" or "<t>"')
     extras: dict[str, Any] | None = Field(None, description="sampling fields, merged in and validated alike")
     request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,256}$")

@@ -10,7 +10,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.api.validation import ChatRequest, parse_chat_request
+from edgellm.api.validation import (
+    MAX_MESSAGES,
+    MAX_PROMPT_BYTES,
+    ChatRequest,
+    parse_chat_request,
+    show,
+    show_name,
+)
 from edgellm.errors import EdgeLLMError, InvalidRequest, UnknownRequest
 
 # Accepted and ignored: they change nothing about generation on a local node.
@@ -78,23 +85,36 @@ class OpenAIOptions:
     top_logprobs: int = 0
 
 
-def parse_openai_request(body: Any, model_id: str, **limits: float) -> tuple[ChatRequest, OpenAIOptions]:
+def parse_openai_request(
+    body: Any,
+    model_id: str,
+    *,
+    max_messages: int = MAX_MESSAGES,
+    max_prompt_bytes: int = MAX_PROMPT_BYTES,
+    **limits: float,
+) -> tuple[ChatRequest, OpenAIOptions]:
+    """The OpenAI body -> a validated ChatRequest; `limits` go on to parse_chat_request as they are.
+
+    Raises only EdgeLLMError subclasses (InvalidRequest, ModelNotFound), whatever `body` holds; client
+    values in messages are shown escaped (a lone surrogate in a JSON error body would be a 500).
+    """
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     bad = sorted(k for k in body if k in UNSUPPORTED_FIELDS and body[k] not in (None, [], False))
     if bad:
         raise InvalidRequest(f"'{bad[0]}' is not supported by this server", param=bad[0])
-    unknown = sorted(k for k in body if k not in MAPPED_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
+    unknown = sorted(str(k) for k in body if k not in MAPPED_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
     if unknown:
-        raise InvalidRequest(f"unknown parameter: '{unknown[0]}'", param=unknown[0])
+        name = show_name(unknown[0])
+        raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
     if model != model_id:
-        raise ModelNotFound(f"The model '{model}' does not exist; this server serves '{model_id}'")
+        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
     n = body.get("n")
-    if n not in (None, 1):
-        raise InvalidRequest(f"n must be 1 on this server, got {n!r}", param="n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise InvalidRequest(f"n must be 1 on this server, got {show(n)}", param="n")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")
@@ -102,9 +122,11 @@ def parse_openai_request(body: Any, model_id: str, **limits: float) -> tuple[Cha
     if not isinstance(stream_options, dict):
         raise InvalidRequest("stream_options must be an object", param="stream_options")
     logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise InvalidRequest(f"logprobs must be a boolean, got {show(logprobs)}", param="logprobs")
     top = body.get("top_logprobs")
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
-        raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {top!r}", param="top_logprobs")
+        raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {show(top)}", param="top_logprobs")
     if top and not logprobs:
         raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
     seed_body: dict[str, Any] = {
@@ -133,8 +155,17 @@ def parse_openai_request(body: Any, model_id: str, **limits: float) -> tuple[Cha
     if isinstance(rf, dict) and rf.get("type") == "text":
         rf = None
     seed_body["response_format"] = rf
-    seed_body["messages"] = [_message(i, m) for i, m in enumerate(_list(body.get("messages")))]
-    request = parse_chat_request(seed_body, min_max_tokens=1, **limits)
+    messages = _list(body.get("messages"))
+    if len(messages) > max_messages:  # before mapping each one: the cap is there to bound that work
+        raise InvalidRequest(
+            f"messages holds {len(messages)} messages; the limit is {max_messages}. "
+            "Send fewer turns (e.g. drop or summarise the oldest ones).",
+            param="messages",
+        )
+    seed_body["messages"] = [_message(i, m) for i, m in enumerate(messages)]
+    request = parse_chat_request(
+        seed_body, min_max_tokens=1, max_messages=max_messages, max_prompt_bytes=max_prompt_bytes, **limits
+    )
     return request, OpenAIOptions(stream, bool(stream_options.get("include_usage")), bool(logprobs), top or 0)
 
 

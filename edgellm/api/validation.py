@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgellm.engine.types import GuideKind, GuideSpec, SamplingParams
 from edgellm.errors import InvalidRequest
@@ -21,6 +22,19 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,256}$")
 MAX_SEED = 2**64 - 1
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 1024
+# Token ids beyond any real vocabulary; the service checks the model's own n_vocab when it knows it.
+MAX_TOKEN_ID = 2**31 - 1
+# Defaults for the API-side prompt caps (defect 3): the engine never sees a prompt larger than this,
+# so a 30,000-message body is a 400 here, not 40 s of template rendering inside the step loop.
+MAX_MESSAGES = 512
+MAX_PROMPT_BYTES = 256 * 1024
+# metadata is stored as-is and returned by return_full: it must serialise, now and later.
+MAX_METADATA_BYTES = 64 * 1024
+MAX_METADATA_DEPTH = 32
+# Schemas nest a few levels in practice; the bound keeps every later walk (json.dumps, llguidance) off
+# Python's recursion limit.
+MAX_SCHEMA_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
 GUIDE_KEYS = tuple(k.value for k in GuideKind)
 
 # Fields `extras` may set: they are merged into the body before validation, so they get the same rules.
@@ -115,14 +129,24 @@ class ChatRequest(BaseModel):
 
 
 def parse_chat_request(
-    body: Any, *, default_timeout: float = 600.0, max_timeout: float = 3600.0, min_max_tokens: int = 16
+    body: Any,
+    *,
+    default_timeout: float = 600.0,
+    max_timeout: float = 3600.0,
+    min_max_tokens: int = 16,
+    max_messages: int = MAX_MESSAGES,
+    max_prompt_bytes: int = MAX_PROMPT_BYTES,
 ) -> ChatRequest:
-    """`min_max_tokens` is 16 on the seed endpoints (upstream's rule) and 1 on the OpenAI route."""
+    """`min_max_tokens` is 16 on the seed endpoints (upstream's rule) and 1 on the OpenAI route.
+
+    `max_messages` and `max_prompt_bytes` (message contents, UTF-8, summed) bound the prompt before it
+    reaches the engine. Raises only InvalidRequest, whatever `body` holds.
+    """
     if not isinstance(body, dict):
         raise InvalidRequest(f"request body must be a JSON object, got {_kind(body)}")
-    unknown = sorted(k for k in body if k not in KNOWN_FIELDS)
+    unknown = sorted(str(k) for k in body if k not in KNOWN_FIELDS)
     if unknown:
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+        raise InvalidRequest(f"unknown field(s): {_names(unknown)}", param=show_name(unknown[0]))
     body = _merge_extras(body)
     if body.get("stream"):
         raise InvalidRequest("stream is not supported on this endpoint; use /v1/chat/completions", param="stream")
@@ -133,13 +157,10 @@ def parse_chat_request(
     if response_format is not None:
         schema = response_format.get("schema")
         guide = GuideSpec(GuideKind.JSON_SCHEMA, schema) if schema is not None else GuideSpec(GuideKind.JSON_OBJECT)
-    metadata = body.get("metadata")
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, dict):
-        raise InvalidRequest(f"metadata must be an object (dict), got {_kind(metadata)}", param="metadata")
-    return ChatRequest(
-        messages=_messages(body.get("messages")),
+    metadata = _metadata(body.get("metadata"))
+    messages = _messages(body.get("messages"), max_messages, max_prompt_bytes)
+    fields = dict(
+        messages=messages,
         temperature=_number(body, "temperature", 0.7, 0.0, 1.5),
         max_tokens=_integer(body, "max_tokens", 512, min_max_tokens, 4096),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
@@ -158,6 +179,103 @@ def parse_chat_request(
         request_id=_request_id(body),
         timeout=_number(body, "timeout", default_timeout, 0.0, max_timeout, low_open=True),
     )
+    try:
+        return ChatRequest(**fields)
+    except ValidationError:
+        # Every field was checked above; this is a safety net, so a gap in those checks is a 400
+        # with no echo of the value (pydantic's message would repeat it verbatim).
+        raise InvalidRequest("request body has a value of the wrong type") from None
+
+
+class _ClientRepr(reprlib.Repr):
+    """repr() for values a client sent: bounded in size and depth, and always encodable as UTF-8.
+
+    Builtin repr escapes lone surrogates (they are not printable), so an error message that shows a
+    client value this way can always be sent back as JSON; reprlib bounds its length.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 3, 80, 40
+        self.maxdict, self.maxlist, self.maxtuple = 4, 6, 6
+
+    def repr_int(self, x: int, level: int) -> str:
+        # repr() of an int over 4300 digits raises ValueError; nobody reads 400 digits either.
+        if x.bit_length() > 128:
+            return f"<an integer of about {int(x.bit_length() * math.log10(2)) + 1} digits>"
+        return super().repr_int(x, level)
+
+
+_client_repr = _ClientRepr()
+
+
+def show(value: Any) -> str:
+    """A client value for an error message: readable, bounded, lone surrogates escaped as \\udXXX."""
+    try:
+        return _client_repr.repr(value)
+    except Exception:  # a hostile value must never turn a 400 into a 500
+        return f"<{_kind(value)}>"
+
+
+def show_name(name: Any, limit: int = 64) -> str:
+    """A client-chosen name (a field, a model id) shown unquoted: lone surrogates escaped, bounded."""
+    if not isinstance(name, str):
+        return show(name)
+    text = name[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
+    return text + ("..." if len(name) > limit else "")
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(show_name(n) for n in names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def has_surrogate(text: str) -> bool:
+    """True if `text` holds a lone surrogate: it cannot be encoded as UTF-8 (for the tokenizer, SQLite
+    or a JSON response), so it is rejected with a 400 where it arrives."""
+    return _SURROGATE.search(text) is not None
+
+
+def json_problem(value: Any, where: str, *, max_depth: int) -> str | None:
+    """Why `value` would not survive a JSON round trip (None if it would).
+
+    Checks what json.dumps would miss or crash on later, when the value is read back: NaN/Infinity,
+    lone surrogates, non-string keys, non-JSON types, integers too long to print, nesting deeper than
+    `max_depth`. Iterative, so a 100,000-level structure costs no recursion.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > max_depth:
+            return f"{where} nests deeper than {max_depth} levels"
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            if has_surrogate(item):
+                return f"{path} contains a lone surrogate (invalid UTF-16)"
+        elif isinstance(item, int):
+            if item.bit_length() > 14_000:  # ~4300 decimal digits: json.dumps would raise ValueError
+                return f"{path} is an integer too large to store"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{path} is {item!r}; JSON has no NaN or Infinity"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return f"{path} has a non-string key {show(key)}"
+                if has_surrogate(key):
+                    return f"{path} has a key with a lone surrogate (invalid UTF-16): {show(key)}"
+                stack.append((child, f"{path}.{show_name(key, 32)}", depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
+        else:
+            return f"{path} is not a JSON value ({type(item).__name__})"
+    return None
+
+
+def json_size(value: Any) -> int:
+    """Bytes of `value` as compact UTF-8 JSON; call after json_problem() found nothing."""
+    return len(json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
 
 
 def _kind(value: Any) -> str:
@@ -172,42 +290,77 @@ def _merge_extras(body: dict[str, Any]) -> dict[str, Any]:
         return body
     if not isinstance(extras, dict):
         raise InvalidRequest(f"extras must be an object (dict), got {_kind(extras)}", param="extras")
-    bad = sorted(k for k in extras if k not in SAMPLING_FIELDS)
+    bad = sorted(str(k) for k in extras if k not in SAMPLING_FIELDS)
     if bad:
         raise InvalidRequest(
-            f"extras key(s) {', '.join(repr(k) for k in bad)} not supported; "
+            f"extras key(s) {', '.join(show(k) for k in bad[:5])} not supported; "
             f"extras may set: {', '.join(SAMPLING_FIELDS)}",
             param="extras",
         )
     return {**body, **extras}
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict[str, str]]:
     if value is None:
         raise InvalidRequest("messages is required", param="messages")
     if not isinstance(value, list) or not value:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects", param="messages")
+    if len(value) > max_messages:
+        raise InvalidRequest(
+            f"messages holds {len(value)} messages; the limit is {max_messages}. "
+            "Send fewer turns (e.g. drop or summarise the oldest ones).",
+            param="messages",
+        )
     out = []
+    total = 0
     for i, msg in enumerate(value):
         if not isinstance(msg, dict):
             raise InvalidRequest(f"messages[{i}] must be an object with role and content", param="messages")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}; got {role!r}", param="messages"
+                f"messages[{i}].role must be one of {', '.join(ROLES)}; got {show(role)}", param="messages"
             )
         content = msg.get("content")
         if not isinstance(content, str):
             raise InvalidRequest(
                 f"messages[{i}].content must be a non-empty string, got {_kind(content)}", param="messages"
             )
+        if has_surrogate(content):
+            # It cannot be encoded to UTF-8 for the tokenizer; a client sent broken UTF-16 (e.g. half an
+            # emoji), and only it can say what was meant. NUL and other control characters are kept:
+            # they are valid UTF-8 and the tokenizer takes them as bytes.
+            raise InvalidRequest(f"messages[{i}].content contains a lone surrogate (invalid UTF-16)", param="messages")
         content = content.strip()
         if not content:
             raise InvalidRequest(
                 f"messages[{i}].content must be a non-empty string (it is empty after trimming)", param="messages"
             )
+        total += len(content.encode("utf-8"))
+        if total > max_prompt_bytes:
+            raise InvalidRequest(
+                f"the messages' content exceeds {max_prompt_bytes} bytes (UTF-8, summed; at messages[{i}]). "
+                "Shorten the prompt.",
+                param="messages",
+            )
         out.append({"role": role, "content": content})
     return out
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    """metadata is stored verbatim and returned by return_full, so it must serialise as JSON, forever:
+    checked here, because a record that cannot be read back is a 500 on every poll."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"metadata must be an object (dict), got {_kind(value)}", param="metadata")
+    problem = json_problem(value, "metadata", max_depth=MAX_METADATA_DEPTH)
+    if problem:
+        raise InvalidRequest(problem, param="metadata")
+    size = json_size(value)
+    if size > MAX_METADATA_BYTES:
+        raise InvalidRequest(f"metadata is {size} bytes as JSON; the limit is {MAX_METADATA_BYTES}", param="metadata")
+    return value
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float, *, low_open: bool = False) -> float:
@@ -215,11 +368,21 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, *, low_
     if value is None:
         return default
     interval = f"{'(' if low_open else '['}{lo:g}, {hi:g}]"
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"{name} must be a number in {interval}, got {value!r}", param=name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"{name} must be a number in {interval}, got {show(value)}", param=name)
+    # Compare before any float(): a 400-digit integer is out of range, not an OverflowError. Python
+    # compares int and float exactly; NaN fails every comparison, hence the explicit test.
+    if isinstance(value, float) and math.isnan(value):
+        raise InvalidRequest(f"{name} must be a number in {interval}, got nan", param=name)
     if value > hi or value < lo or (low_open and value == lo):
-        raise InvalidRequest(f"{name} must be in {interval}, got {value:g}", param=name)
+        raise InvalidRequest(f"{name} must be in {interval}, got {_number_text(value)}", param=name)
     return float(value)
+
+
+def _number_text(value: int | float) -> str:
+    if isinstance(value, int) and value.bit_length() > 64:
+        return show(value)
+    return f"{value:g}"
 
 
 def _integer(body: dict, name: str, default: int, lo: int, hi: int) -> int:
@@ -229,18 +392,18 @@ def _integer(body: dict, name: str, default: int, lo: int, hi: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{name} must be an integer in [{lo}, {hi}], got {value!r}", param=name)
+        raise InvalidRequest(f"{name} must be an integer in [{lo}, {hi}], got {show(value)}", param=name)
     if not lo <= value <= hi:
-        raise InvalidRequest(f"{name} must be in [{lo}, {hi}], got {value}", param=name)
+        raise InvalidRequest(f"{name} must be in [{lo}, {hi}], got {show(value)}", param=name)
     return value
 
 
 def _seed(value: Any) -> int | None:
-    if value is None or value == -1:  # llama.cpp's -1 = "pick one"
-        return None
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value == -1):
+        return None  # llama.cpp's -1 = "pick one"
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
         raise InvalidRequest(
-            f"seed must be an integer in [0, 2^64-1] (or -1/null for random), got {value!r}", param="seed"
+            f"seed must be an integer in [0, 2^64-1] (or -1/null for random), got {show(value)}", param="seed"
         )
     return value
 
@@ -254,6 +417,9 @@ def _stop(value: Any) -> list[str]:
         raise InvalidRequest("stop must be a non-empty string or a list of non-empty strings", param="stop")
     if len(value) > MAX_STOP_STRINGS:
         raise InvalidRequest(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(value)}", param="stop")
+    for i, s in enumerate(value):
+        if has_surrogate(s):  # it could never match UTF-8 output, and cannot be stored or echoed
+            raise InvalidRequest(f"stop[{i}] contains a lone surrogate (invalid UTF-16)", param="stop")
     return list(value)
 
 
@@ -271,19 +437,23 @@ def _logit_bias(value: Any) -> dict[int, float]:
     out: dict[int, float] = {}
     for key, bias in value.items():
         try:
-            token = int(key)
-        except (TypeError, ValueError):
-            raise InvalidRequest(f"logit_bias key {key!r} is not a token id (an integer)", param="logit_bias") from None
+            # int() of a >4300-digit string raises ValueError, of an infinite float OverflowError.
+            token = int(key) if isinstance(key, str | int) and not isinstance(key, bool) else None
+        except (TypeError, ValueError, OverflowError):
+            token = None
+        if token is None:
+            raise InvalidRequest(f"logit_bias key {show(key)} is not a token id (an integer)", param="logit_bias")
         if token < 0:
-            raise InvalidRequest(f"logit_bias token id must be >= 0, got {token}", param="logit_bias")
-        if (
-            isinstance(bias, bool)
-            or not isinstance(bias, int | float)
-            or not math.isfinite(bias)
-            or not -100.0 <= bias <= 100.0
-        ):
+            raise InvalidRequest(f"logit_bias token id must be >= 0, got {show(token)}", param="logit_bias")
+        if token > MAX_TOKEN_ID:
             raise InvalidRequest(
-                f"logit_bias[{key}] must be a finite number in [-100, 100], got {bias!r}", param="logit_bias"
+                f"logit_bias token id must be <= {MAX_TOKEN_ID}, got {show(token)}", param="logit_bias"
+            )
+        # Range first, then float(): a 400-digit integer is out of range, not an OverflowError (NaN
+        # fails both comparisons).
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
+            raise InvalidRequest(
+                f"logit_bias[{token}] must be a finite number in [-100, 100], got {show(bias)}", param="logit_bias"
             )
         out[token] = float(bias)
     return out
@@ -293,7 +463,7 @@ def _request_id(body: dict) -> str | None:
     lower, upper = body.get("request_id"), body.get("REQUEST_ID")
     if lower is not None and upper is not None and lower != upper:
         raise InvalidRequest(
-            f"request_id ({lower!r}) and REQUEST_ID ({upper!r}) conflict; send one", param="request_id"
+            f"request_id ({show(lower)}) and REQUEST_ID ({show(upper)}) conflict; send one", param="request_id"
         )
     value = lower if lower is not None else upper
     if value is None:
@@ -315,6 +485,10 @@ def normalize_response_format(value: Any) -> dict[str, Any] | None:
             return None
         try:
             value = json.loads(value)
+        except RecursionError:
+            raise InvalidRequest(
+                "response_format is a JSON string nested too deeply", param="response_format"
+            ) from None
         except json.JSONDecodeError as exc:
             raise InvalidRequest(
                 f"response_format is a string but not valid JSON: {exc.msg}", param="response_format"
@@ -329,7 +503,7 @@ def normalize_response_format(value: Any) -> dict[str, Any] | None:
         raise InvalidRequest("response_format.type is required and must be a string", param="response_format")
     if rtype not in ("json_object", "json_schema"):
         raise InvalidRequest(
-            f"Unsupported response_format type '{rtype}'. Supported: 'json_object', 'json_schema'.",
+            f"Unsupported response_format type {show(rtype)}. Supported: 'json_object', 'json_schema'.",
             param="response_format",
         )
     schema = value.get("schema")
@@ -347,12 +521,9 @@ def normalize_response_format(value: Any) -> dict[str, Any] | None:
         raise InvalidRequest(
             f"response_format schema must be a JSON object (dict), got {_kind(schema)}", param="response_format"
         )
-    try:
-        json.dumps(schema)
-    except (TypeError, ValueError) as exc:
-        raise InvalidRequest(
-            f"response_format schema is not JSON-serialisable: {exc}", param="response_format"
-        ) from None
+    problem = json_problem(schema, "response_format schema", max_depth=MAX_SCHEMA_DEPTH)
+    if problem:
+        raise InvalidRequest(problem, param="response_format")
     return {"type": "json_object", "schema": schema}
 
 
@@ -363,10 +534,10 @@ def _guided_decoding(value: Any) -> GuideSpec | None:
         raise InvalidRequest(
             f"guided_decoding must be an object with exactly one of {', '.join(GUIDE_KEYS)}", param="guided_decoding"
         )
-    unknown = sorted(k for k in value if k not in GUIDE_KEYS)
+    unknown = sorted(str(k) for k in value if k not in GUIDE_KEYS)
     if unknown:
         raise InvalidRequest(
-            f"guided_decoding mode(s) {', '.join(unknown)} not supported; use one of {', '.join(GUIDE_KEYS)}",
+            f"guided_decoding mode(s) {_names(unknown)} not supported; use one of {', '.join(GUIDE_KEYS)}",
             param="guided_decoding",
         )
     set_keys = [k for k in GUIDE_KEYS if value.get(k) not in (None, False)]
@@ -384,14 +555,28 @@ def _guided_decoding(value: Any) -> GuideSpec | None:
                 param="guided_decoding",
             )
         return GuideSpec(kind)
-    if kind is GuideKind.JSON_SCHEMA and not isinstance(spec, dict):
-        raise InvalidRequest("guided_decoding.json_schema must be a JSON schema object", param="guided_decoding")
+    if kind is GuideKind.JSON_SCHEMA:
+        if not isinstance(spec, dict):
+            raise InvalidRequest("guided_decoding.json_schema must be a JSON schema object", param="guided_decoding")
+        problem = json_problem(spec, "guided_decoding.json_schema", max_depth=MAX_SCHEMA_DEPTH)
+        if problem:
+            raise InvalidRequest(problem, param="guided_decoding")
     if kind is GuideKind.CHOICE:
         if not isinstance(spec, list) or not spec or not all(isinstance(c, str) and c for c in spec):
             raise InvalidRequest(
                 "guided_decoding.choice must be a non-empty list of non-empty strings", param="guided_decoding"
             )
         spec = list(spec)
-    if kind in (GuideKind.REGEX, GuideKind.EBNF) and (not isinstance(spec, str) or not spec.strip()):
-        raise InvalidRequest(f"guided_decoding.{kind.value} must be a non-empty string", param="guided_decoding")
+        for i, choice in enumerate(spec):
+            if has_surrogate(choice):
+                raise InvalidRequest(
+                    f"guided_decoding.choice[{i}] contains a lone surrogate (invalid UTF-16)", param="guided_decoding"
+                )
+    if kind in (GuideKind.REGEX, GuideKind.EBNF):
+        if not isinstance(spec, str) or not spec.strip():
+            raise InvalidRequest(f"guided_decoding.{kind.value} must be a non-empty string", param="guided_decoding")
+        if has_surrogate(spec):
+            raise InvalidRequest(
+                f"guided_decoding.{kind.value} contains a lone surrogate (invalid UTF-16)", param="guided_decoding"
+            )
     return GuideSpec(kind, spec)

@@ -234,3 +234,145 @@ def test_stored_params_round_trip_to_the_same_request():
     )
     restored = ChatRequest.from_params(json.loads(json.dumps(original.params_dict())), {"a": 1})
     assert restored == original
+
+
+# -- issue 8, defect 4: hostile values are 400s with messages that can be sent back as JSON ------------
+
+
+def short_id(value) -> str:
+    """pytest ids: str() of a 5000-digit int raises, and a 100 KB id helps nobody."""
+    return value[:24] if isinstance(value, str) else type(value).__name__
+
+
+def sendable(exc: InvalidRequest) -> None:
+    """What the HTTP layer does with an error: JSON with ensure_ascii=False, encoded as UTF-8."""
+    json.dumps({"error": exc.message, "param": exc.param}, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    assert len(exc.message) < 400, exc.message
+
+
+@pytest.mark.parametrize(
+    "field,value,fragment",
+    [
+        ("temperature", 10**400, "temperature must be in [0, 1.5], got <an integer of about 401 digits>"),
+        ("top_p", -(10**400), "top_p must be in (0, 1]"),
+        ("timeout", 10**400, "timeout must be in (0, 3600]"),
+        ("presence_penalty", 10**400, "presence_penalty must be in [-2, 2]"),
+        ("temperature", float("nan"), "temperature must be a number in [0, 1.5], got nan"),
+        ("temperature", True, "temperature must be a number in [0, 1.5], got True"),
+        ("repeat_penalty", "1.0", "repeat_penalty must be a number in (0, 10], got '1.0'"),
+        ("max_tokens", 10**5000, "max_tokens must be in [16, 4096], got <an integer of about 5001 digits>"),
+        ("seed", 10**5000, "seed must be an integer in [0, 2^64-1]"),
+        ("seed", True, "seed must be an integer in [0, 2^64-1]"),
+        ("logit_bias", {"5": 10**400}, "logit_bias[5] must be a finite number in [-100, 100]"),
+        ("logit_bias", {"9" * 5000: 1}, "is not a token id"),
+        ("logit_bias", {str(2**40): 1}, "logit_bias token id must be <= 2147483647"),
+    ],
+    ids=short_id,
+)
+def test_huge_and_mistyped_numbers_are_400s(field, value, fragment):
+    """Today's main: OverflowError (int too large to convert to float) or ValueError (repr of an int
+    over 4300 digits) -> 500."""
+    sendable(reject({"messages": MSG, field: value}, fragment))
+
+
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        ({"messages": MSG, "bad\ud800": 1}, "unknown field(s): bad\\ud800"),
+        ({"messages": MSG, "response_format": {"type": "\ud800"}}, "Unsupported response_format type '\\ud800'"),
+        ({"messages": [{"role": "us\udc00er", "content": "x"}]}, "got 'us\\udc00er'"),
+        ({"messages": MSG, "request_id": "a\ud800", "REQUEST_ID": "b"}, "request_id ('a\\ud800') and REQUEST_ID"),
+        ({"messages": MSG, "extras": {"x\ud800": 1}}, "extras key(s) 'x\\ud800' not supported"),
+        ({"messages": MSG, "guided_decoding": {"gr\ud800": 1}}, "guided_decoding mode(s) gr\\ud800 not supported"),
+        ({"messages": MSG, "stop": ["ok", "\ud800"]}, "stop[1] contains a lone surrogate (invalid UTF-16)"),
+        ({"messages": MSG, "guided_decoding": {"regex": "a\ud800"}}, "guided_decoding.regex contains a lone surrogate"),
+        ({"messages": MSG, "guided_decoding": {"ebnf": 'start: "\ud800"'}}, "guided_decoding.ebnf contains a lone"),
+        ({"messages": MSG, "guided_decoding": {"choice": ["a", "\udfff"]}}, "guided_decoding.choice[1] contains"),
+        (
+            {"messages": MSG, "guided_decoding": {"json_schema": {"enum": ["\ud800"]}}},
+            "guided_decoding.json_schema.enum[0] contains a lone surrogate",
+        ),
+        (
+            {"messages": MSG, "response_format": {"type": "json_object", "schema": {"const": "\ud800"}}},
+            "response_format schema.const contains a lone surrogate",
+        ),
+    ],
+)
+def test_lone_surrogates_are_400s_and_never_echoed_raw(body, fragment):
+    """Today's main: the message (or the OpenAI error's param) carries the surrogate, and encoding the
+    JSON error body raises UnicodeEncodeError -> 500; stop/guide strings were accepted."""
+    sendable(reject(body, fragment))
+
+
+def test_message_content_with_a_lone_surrogate_is_a_400_naming_the_message():
+    msgs = [{"role": "system", "content": "fine"}, {"role": "user", "content": "hi \ud800"}]
+    sendable(reject({"messages": msgs}, "messages[1].content contains a lone surrogate (invalid UTF-16)"))
+
+
+def test_nul_and_control_characters_in_content_are_kept():
+    r = parse_chat_request({"messages": [{"role": "user", "content": "a\x00b\x1bc"}]})
+    assert r.messages[0]["content"] == "a\x00b\x1bc"
+
+
+def test_huge_values_are_shown_bounded():
+    exc = reject({"messages": MSG, "x" * 100_000: 1}, "unknown field(s): xxx")
+    sendable(exc)
+    exc = reject({"messages": [{"role": "r" * 100_000, "content": "x"}]}, "messages[0].role must be one of")
+    sendable(exc)
+    exc = reject({"messages": MSG, **{f"k{i}": 1 for i in range(1000)}}, "(and 995 more)")
+    sendable(exc)
+
+
+@pytest.mark.parametrize(
+    "metadata,fragment",
+    [
+        ({"score": float("nan")}, "metadata.score is nan; JSON has no NaN or Infinity"),
+        ({"a": [1, float("inf")]}, "metadata.a[1] is inf"),
+        ({"note": "x\ud800"}, "metadata.note contains a lone surrogate (invalid UTF-16)"),
+        ({"\udc00": 1}, "metadata has a key with a lone surrogate"),
+        ({"big": 10**5000}, "metadata.big is an integer too large to store"),
+        ({"blob": "x" * 70_000}, "metadata is 70011 bytes as JSON; the limit is 65536"),
+        ({"set": {1, 2}}, "metadata.set is not a JSON value (set)"),
+        ({1: "a"}, "metadata has a non-string key 1"),
+    ],
+    ids=short_id,
+)
+def test_metadata_that_could_not_be_returned_is_refused_at_submit(metadata, fragment):
+    """Today's main accepts these; return_full of the stored record is then a 500 on every poll."""
+    sendable(reject({"messages": MSG, "metadata": metadata}, fragment))
+
+
+def test_deeply_nested_metadata_is_refused_without_recursion():
+    deep: list = []
+    for _ in range(100_000):  # far past Python's recursion limit: the check must be iterative
+        deep = [deep]
+    sendable(reject({"messages": MSG, "metadata": {"d": deep}}, "metadata nests deeper than 32 levels"))
+
+
+def test_ordinary_metadata_is_kept_as_sent():
+    metadata = {"job": "n1", "tags": ["a", "ü", "🙂"], "n": 10**30, "f": 0.5, "none": None, "ok": True}
+    assert parse_chat_request({"messages": MSG, "metadata": metadata}).metadata == metadata
+
+
+def test_deeply_nested_response_format_string_is_a_400():
+    deep = "[" * 100_000 + "]" * 100_000
+    sendable(reject({"messages": MSG, "response_format": deep}, "response_format"))
+
+
+# -- issue 8, defect 3 (API side): message count and prompt size are capped before the engine ----------
+
+
+def test_message_count_is_capped():
+    many = [{"role": "user", "content": "x"}] * 513
+    reject({"messages": many}, "messages holds 513 messages; the limit is 512")
+    assert len(parse_chat_request({"messages": many[:512]}).messages) == 512
+    with pytest.raises(InvalidRequest, match="the limit is 3"):
+        parse_chat_request({"messages": many[:4]}, max_messages=3)
+
+
+def test_prompt_bytes_are_capped_summed_over_messages_in_utf8():
+    half = {"role": "user", "content": "é" * 65_536}  # 131,072 bytes each in UTF-8
+    assert len(parse_chat_request({"messages": [half, half]}).messages) == 2  # exactly 262,144 bytes
+    reject({"messages": [half, half, {"role": "user", "content": "x"}]}, "exceeds 262144 bytes")
+    with pytest.raises(InvalidRequest, match=r"exceeds 10 bytes \(UTF-8, summed; at messages\[1\]\)"):
+        parse_chat_request({"messages": [{"role": "user", "content": "123456"}] * 2}, max_prompt_bytes=10)
