@@ -71,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _batch_run(args: argparse.Namespace) -> int:
+    import traceback
     from pathlib import Path
 
     from edgellm.batch.runner import BatchInputError, BatchOptions, load_requests, run_batch
@@ -78,8 +79,11 @@ def _batch_run(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.retries < 0 or args.timeout <= 0:
         print("edgellm batch-run: --concurrency >= 1, --retries >= 0 and --timeout > 0 are required", file=sys.stderr)
         return 2
+    src, out = Path(args.requests), Path(args.output)
     try:
-        batch = load_requests(Path(args.requests))
+        batch = load_requests(src)
+        if out.exists() and src.exists() and out.samefile(src):
+            raise BatchInputError(f"{out}: the results file would overwrite the requests file")
     except BatchInputError as exc:
         print(f"edgellm batch-run: {exc.message}", file=sys.stderr)
         return 2
@@ -91,11 +95,25 @@ def _batch_run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         model=args.model,
         progress=not args.quiet,
+        resume=args.resume,
+        overwrite=args.overwrite,
     )
-    code = run_batch(batch, Path(args.output), opts)
-    if code == 130:  # Ctrl-C: the results are written; do not wait for requests still in flight
+    try:
+        code = run_batch(batch, out, opts)
+    except BatchInputError as exc:  # the journal or the results file: nothing was sent
+        print(f"edgellm batch-run: {exc.message}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # disk full, permissions: run_batch kept the journal and said so
+        print(f"edgellm batch-run: {exc}", file=sys.stderr)
+        code = -1
+    except Exception:  # a bug: show it; the journal is kept (run_batch said so)
+        traceback.print_exc()
+        code = -1
+    if code in (130, -1):
+        # Ctrl-C or an error: the results are written; do not wait for requests still in flight
+        # (the pool's threads would hold the exit for up to --timeout each).
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(1 if code == -1 else code)
     return code
 
 
@@ -113,11 +131,36 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("-o", "--output", required=True, help="results file (JSON Lines, input order)")
     batch.add_argument("--endpoint", required=True, help="e.g. http://127.0.0.1:8765/v1 (or the full chat URL)")
     batch.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
-    batch.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP attempt (default 600)")
-    batch.add_argument("--retries", type=int, default=2, help="retries on connection errors, 429, 502-504")
+    batch.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds per HTTP attempt (default 600); a request, retries and waits included, never takes "
+        "longer than TIMEOUT x (RETRIES + 1)",
+    )
+    batch.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="retries when the request never reached the server (connect error/timeout) or it answered "
+        "429/502/503/504; Retry-After is honoured up to 60 s; a read timeout is not retried (default 2)",
+    )
     batch.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="Bearer token ($OPENAI_API_KEY)")
     batch.add_argument("--model", help="override the model of every request")
     batch.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    journal = batch.add_mutually_exclusive_group()
+    journal.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results of an earlier run of this output (OUTPUT.partial, or OUTPUT if that run finished) "
+        "and send only the rest: ok lines and 4xx errors (except 408/429) are kept, the others sent again",
+    )
+    journal.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the results in OUTPUT.partial and start over (without --resume or --overwrite, "
+        "a run refuses to start when OUTPUT.partial holds results)",
+    )
     batch.set_defaults(func=_batch_run)
     return parser
 

@@ -126,6 +126,20 @@ def test_closed_port_is_http_code_zero(tmp_path):
         ('{"requests": [{"messages": []}]}', 'requests[0] has no "id"'),
         ('{"requests": [{"id": "x"}, {"id": "y"}, {"id": "x"}]}', "duplicate id 'x' (requests[0] and requests[2])"),
         ('{"requests": []}', "the requests array is empty"),
+        # Hostile input (defect 18): each of these was sent, or crashed with a traceback, on the previous main.
+        ('{"requests": [{"id": "a", "messages": [{"role": "user", "content": "hi \\ud800"}]}]}', "lone surrogate"),
+        ('{"requests": [{"id": "\\udc00"}]}', "requests[0].id: '\\udc00' has a lone surrogate"),
+        ('{"requests": [{"id": "a", "temperature": NaN}]}', "requests[0].temperature: NaN is not valid JSON"),
+        ('{"requests": [{"id": "a", "top_p": -Infinity}]}', "-Infinity is not valid JSON"),
+        ('{"requests": [{"id": "a", "temperature": 1e999}]}', "requests[0].temperature: a number too large"),
+        ('{"requests": [{"id": "a", "seed": ' + "9" * 5000 + "}]}", "4300 digits"),
+        ('{"requests": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
+        ('{"requests": [{"id": "a"}, "b"]}', "requests[1] is not an object"),
+        ('{"requests": [{"id": 4}, {"id": "4"}]}', "duplicate id '4' (requests[0] and requests[1])"),
+        ('{"requests": [{"id": "a", "id": "b"}]}', "duplicate key 'id'"),
+        ('{"requests": [{"id": 1.5}]}', 'requests[0] has no "id"'),
+        ("[1, 2]", 'expected a JSON object with a "requests" array'),
+        ("", "not valid JSON"),
     ],
 )
 def test_unusable_input_exits_2_naming_the_problem(tmp_path, content, fragment):
@@ -133,7 +147,26 @@ def test_unusable_input_exits_2_naming_the_problem(tmp_path, content, fragment):
     src.write_text(content)
     r = batch_run(str(src), "-o", str(tmp_path / "o.jsonl"), "--endpoint", "http://127.0.0.1:9")
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_unusable_paths_exit_2_naming_the_problem(tmp_path):
+    good = write(tmp_path / "in.json", [{"id": "a", "messages": msg()}])
+    (tmp_path / "bad.json").write_bytes(b'{"requests": [{"id": "\xff"}]}')
+    cases = [
+        ([str(tmp_path), "-o", str(tmp_path / "o.jsonl")], "cannot read"),  # a directory as input
+        ([str(tmp_path / "bad.json"), "-o", str(tmp_path / "o.jsonl")], "not UTF-8"),
+        ([str(good), "-o", str(tmp_path / "no-such-dir" / "o.jsonl")], "cannot write the journal"),
+        ([str(good), "-o", str(good)], "would overwrite the requests file"),
+    ]
+    for args, fragment in cases:
+        r = batch_run(*args, "--endpoint", "http://127.0.0.1:9", "-q")
+        assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    (tmp_path / "o.jsonl.partial").write_text("not a result line\n")
+    r = batch_run(str(good), "-o", str(tmp_path / "o.jsonl"), "--endpoint", "http://127.0.0.1:9", "--resume")
+    assert r.returncode == 2 and "line 1 is not a batch-run result line" in r.stderr, r.stderr
+    assert (tmp_path / "o.jsonl.partial").read_text() == "not a result line\n"
 
 
 def test_ctrl_c_writes_what_finished_and_exits_nonzero(node, tmp_path):
