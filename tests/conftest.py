@@ -34,6 +34,7 @@ SLOW_FILES = (
     "test_resilience.py",
     "test_openai_route.py",
     "test_sdnotify.py",
+    "test_book_of_record.py",
 )
 
 

@@ -1,13 +1,18 @@
-"""The request registry: one SQLite file (WAL) under the state dir.
+"""The request registry: one SQLite file (WAL) under the state dir, the node's book of record.
 
 Every accepted request is written here (synchronous=FULL) before it is acknowledged, so a crash or
-power loss after the 200/202 never loses it. Finished records are kept `ttl_s` seconds, then
-evicted by `evict_expired()`; nothing is cached in memory, so memory stays flat.
+power loss after the 200/202 never loses it. Each row carries the boot id of the node process that
+accepted it: after a restart, the rows of earlier boots still pending are exactly the work to
+recover. Finished records are kept `ttl_s` seconds, then evicted by `evict_expired()`; nothing is
+cached in memory, so memory stays flat. One node per registry: the file is locked while open.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
+import os
 import sqlite3
 import threading
 import time
@@ -18,6 +23,8 @@ from typing import Any
 
 from edgellm.errors import EdgeLLMError
 
+log = logging.getLogger(__name__)
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
     request_id   TEXT PRIMARY KEY,
@@ -25,14 +32,16 @@ CREATE TABLE IF NOT EXISTS requests (
     status       TEXT NOT NULL,
     params       TEXT NOT NULL,          -- normalised ChatRequest (JSON)
     metadata     TEXT NOT NULL,
-    seed         INTEGER NOT NULL,
+    seed         INTEGER NOT NULL,       -- u64 stored as the signed 64-bit integer of the same bits
     result       TEXT,
     error        TEXT,
     error_type   TEXT,
     attempts     INTEGER NOT NULL DEFAULT 0,
     created_at   REAL NOT NULL,
     finished_at  REAL,
-    expires_at   REAL
+    expires_at   REAL,
+    boot_id      TEXT NOT NULL DEFAULT '',
+    owner        TEXT                    -- hash of the token that submitted it; NULL = anonymous
 );
 CREATE INDEX IF NOT EXISTS requests_status ON requests(status);
 CREATE INDEX IF NOT EXISTS requests_expires ON requests(expires_at);
@@ -51,7 +60,32 @@ class RequestStatus(StrEnum):
 
 
 class RegistryError(EdgeLLMError):
+    """The registry cannot be read or written: the node cannot take work it could not keep."""
+
+    http_status = 503
     error_type = "registry_error"
+
+
+class RegistryFull(RegistryError):
+    """The disk (or SQLite's size limit) is full: new work is refused until space is freed."""
+
+    http_status = 507
+    error_type = "insufficient_storage"
+
+
+class RegistryLocked(RegistryError):
+    error_type = "registry_locked"
+
+
+_U64 = 2**64
+
+
+def _seed_to_db(seed: int) -> int:
+    return seed - _U64 if seed >= 2**63 else seed  # SQLite INTEGER is signed 64-bit
+
+
+def _seed_from_db(value: int) -> int:
+    return value % _U64
 
 
 @dataclass
@@ -69,6 +103,7 @@ class RequestRecord:
     created_at: float
     finished_at: float | None
     expires_at: float | None
+    owner: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RequestRecord:
@@ -78,7 +113,7 @@ class RequestRecord:
             status=RequestStatus(row["status"]),
             params=json.loads(row["params"]),
             metadata=json.loads(row["metadata"]),
-            seed=row["seed"],
+            seed=_seed_from_db(row["seed"]),
             result=json.loads(row["result"]) if row["result"] else None,
             error=row["error"],
             error_type=row["error_type"],
@@ -86,45 +121,80 @@ class RequestRecord:
             created_at=row["created_at"],
             finished_at=row["finished_at"],
             expires_at=row["expires_at"],
+            owner=row["owner"],
         )
 
 
 class Registry:
-    def __init__(self, path: Path, ttl_s: float):
+    def __init__(self, path: Path, ttl_s: float, *, boot_id: str = ""):
         self.path = Path(path)
         self.ttl_s = ttl_s
+        self.boot_id = boot_id
+        self.reset_reason: str | None = None  # set when a damaged file was moved aside at open
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._lock_file = _lock_exclusively(self.path.with_name(self.path.name + ".lock"))
+        self._set_aside_if_empty()
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(SCHEMA)
+            self._migrate()
         except sqlite3.Error as exc:
+            self._lock_file.close()
             raise RegistryError(f"cannot open the request registry at {self.path}: {exc}") from exc
+
+    def _set_aside_if_empty(self) -> None:
+        """A zero-byte registry is a damaged one (every record gone), not a new one: keep it, say so."""
+        if not self.path.exists() or self.path.stat().st_size > 0:
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        kept = self.path.with_name(f"{self.path.name}.zero-byte-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = self.path.with_name(self.path.name + suffix)
+            if src.exists():
+                src.rename(kept.with_name(kept.name + suffix))
+        self.reset_reason = (
+            f"the registry file {self.path} was empty (0 bytes): its records and pending requests are lost; "
+            f"it was moved to {kept} and a new registry was started"
+        )
+        log.error("%s", self.reset_reason)
+
+    def _migrate(self) -> None:
+        """Registries written before boot ids and owners existed gain the columns (pending rows recover)."""
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(requests)")}
+        if "boot_id" not in columns:
+            self._db.execute("ALTER TABLE requests ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''")
+        if "owner" not in columns:
+            self._db.execute("ALTER TABLE requests ADD COLUMN owner TEXT")
 
     def _run(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         try:
             with self._lock:
                 return self._db.execute(sql, args)
         except sqlite3.Error as exc:
-            raise RegistryError(f"request registry failed: {exc}") from exc
+            raise _registry_error(exc) from exc
 
-    def insert(self, request_id: str, mode: str, params: dict, metadata: dict, seed: int) -> bool:
+    def insert(
+        self, request_id: str, mode: str, params: dict, metadata: dict, seed: int, *, owner: str | None = None
+    ) -> bool:
         """Record a new pending request; False when the id is already taken."""
         try:
             self._run(
-                "INSERT INTO requests(request_id, mode, status, params, metadata, seed, attempts, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, 1, ?)",
+                "INSERT INTO requests(request_id, mode, status, params, metadata, seed, attempts, created_at, "
+                "boot_id, owner) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
                 (
                     request_id,
                     mode,
                     RequestStatus.PENDING.value,
                     json.dumps(params),
                     json.dumps(metadata),
-                    seed,
+                    _seed_to_db(seed),
                     time.time(),
+                    self.boot_id,
+                    owner,
                 ),
             )
         except RegistryError as exc:
@@ -141,10 +211,12 @@ class Registry:
         error: str | None,
         error_type: str | None = None,
     ) -> None:
+        self.finish_many([(request_id, status, result, error, error_type)])
+
+    def finish_many(self, rows: list[tuple[str, RequestStatus, dict | None, str | None, str | None]]) -> None:
+        """Finish several requests in one transaction: one fsync per engine message, not per request."""
         now = time.time()
-        self._run(
-            "UPDATE requests SET status=?, result=?, error=?, error_type=?, finished_at=?, expires_at=? "
-            "WHERE request_id=? AND status=?",
+        args = [
             (
                 status.value,
                 json.dumps(result) if result is not None else None,
@@ -154,8 +226,20 @@ class Registry:
                 now + self.ttl_s,
                 request_id,
                 RequestStatus.PENDING.value,
-            ),
-        )
+            )
+            for request_id, status, result, error, error_type in rows
+        ]
+        try:
+            with self._lock:
+                with self._db:  # BEGIN ... COMMIT, or ROLLBACK on error
+                    self._db.execute("BEGIN")
+                    self._db.executemany(
+                        "UPDATE requests SET status=?, result=?, error=?, error_type=?, finished_at=?, expires_at=? "
+                        "WHERE request_id=? AND status=?",
+                        args,
+                    )
+        except sqlite3.Error as exc:
+            raise _registry_error(exc) from exc
 
     def bump_attempts(self, request_id: str) -> None:
         self._run("UPDATE requests SET attempts = attempts + 1 WHERE request_id=?", (request_id,))
@@ -172,6 +256,14 @@ class Registry:
         ).fetchall()
         return [RequestRecord.from_row(r) for r in rows]
 
+    def pending_from_earlier_boots(self) -> list[RequestRecord]:
+        """The work a restart must recover: pending rows accepted by another node process."""
+        rows = self._run(
+            "SELECT * FROM requests WHERE status=? AND boot_id != ? ORDER BY created_at",
+            (RequestStatus.PENDING.value, self.boot_id),
+        ).fetchall()
+        return [RequestRecord.from_row(r) for r in rows]
+
     def counts(self) -> dict[str, int]:
         rows = self._run("SELECT status, COUNT(*) AS n FROM requests GROUP BY status").fetchall()
         return {r["status"]: r["n"] for r in rows}
@@ -184,3 +276,31 @@ class Registry:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        self._lock_file.close()  # releases the flock
+
+
+def _registry_error(exc: sqlite3.Error) -> RegistryError:
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc):
+        return RegistryFull(f"the request registry cannot grow (disk full?): {exc}; free space and retry")
+    return RegistryError(f"request registry failed: {exc}")
+
+
+def _lock_exclusively(path: Path):
+    """Hold an exclusive flock on `path` for the registry's lifetime; a second node on the same state
+    directory fails here with a clear message instead of interleaving writes with the first."""
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RegistryLocked(
+            f"another edgellm node (pid {holder}) is using the state directory {path.parent}; stop it or "
+            "choose another --state-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle

@@ -8,6 +8,7 @@ call it and map `EdgeLLMError` to a response with one function.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import threading
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.auth import Authenticator
-from edgellm.api.registry import Registry, RequestRecord, RequestStatus
+from edgellm.api.metrics import ServiceMetrics, live_state
+from edgellm.api.registry import Registry, RegistryFull, RequestRecord, RequestStatus
 from edgellm.api.results import build_result, status_of
 from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.guide_llguidance import grammar_for
@@ -53,30 +55,72 @@ class ServiceConfig:
     max_queued: int = 64
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a request ended, as delivered by the engine or read back from the registry."""
+
+    request_id: str
+    status: RequestStatus
+    result: dict[str, Any] | None
+    error: str | None
+    error_type: str | None
+
+    @classmethod
+    def of_record(cls, rec: RequestRecord) -> Outcome:
+        return cls(rec.request_id, rec.status, rec.result, rec.error, rec.error_type)
+
+    def result_or_raise(self) -> dict[str, Any]:
+        if self.status is RequestStatus.COMPLETED:
+            return self.result
+        if self.status is RequestStatus.TIMEOUT:
+            raise WaitTimeout(f"request {self.request_id} timed out: {self.error}", request_id=self.request_id)
+        cls = _ERROR_CLASSES.get(self.error_type or "", EngineError)
+        raise cls(self.error or "request failed", request_id=self.request_id)
+
+
+FINISH_WRITE_RETRIES = (0.05, 0.2, 0.5)  # seconds between attempts to store a result
+
+
 class Service:
+    """Registers, dispatches and answers requests.
+
+    What is in flight has one book of record: the registry says what is pending (and, by boot id,
+    what a restart must recover), the engine client (supervisor) owns delivery and retries, and the
+    service keeps only the waiters of this process's callers.
+    """
+
     def __init__(self, config: ServiceConfig, registry: Registry, auth: Authenticator):
         self.config = config
         self.registry = registry
         self.auth = auth
         self.engine: EngineClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: dict[str, list[asyncio.Future]] = {}
+        self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._streams: dict[str, asyncio.Queue] = {}
-        self._active: set[str] = set()
+        self._registering = 0  # accepted, being written to the registry, not yet with the engine
+        self._unsaved: dict[str, Outcome] = {}  # finished, but the registry could not be written
         self._lock = threading.Lock()
         self.started_at = time.time()
         self.draining = False  # set on shutdown: no new work, in-flight work finishes or stays pending
-        self.counters = {"submitted": 0, "completed": 0, "failed": 0, "timeout": 0, "rejected": 0}
-        self.latency_ms: list[float] = []  # last 1000 completed requests
+        # Prometheus counters and histograms in a registry of this service's own (api/metrics.py);
+        # the gauges are read at scrape time. /metrics (JSON and Prometheus text) comes from here.
+        self.instruments = ServiceMetrics(
+            live=lambda: live_state(self.engine, self.in_flight(), self.config.max_queued)
+        )
 
     # -- wiring ------------------------------------------------------------------------------
     def bind(self, engine: EngineClient, loop: asyncio.AbstractEventLoop) -> None:
         self.engine, self._loop = engine, loop
 
     def recover(self) -> int:
-        """After a restart: re-dispatch pending async requests; fail pending sync ones (caller is gone)."""
+        """At start, before the engine admits anything: the pending rows of earlier boots.
+
+        Async ones are handed to the engine client (it sends them first once the worker is ready);
+        sync ones fail, their caller is gone. Rows of this boot are never touched, so requests that
+        arrive while this runs cannot be failed or dispatched twice.
+        """
         n = 0
-        for rec in self.registry.pending():
+        for rec in self.registry.pending_from_earlier_boots():
             if rec.mode != "async":
                 self.registry.finish(
                     rec.request_id,
@@ -91,7 +135,7 @@ class Service:
             self._dispatch(rec.request_id, request, rec.seed, stream=False, created_at=rec.created_at)
             n += 1
         if n:
-            log.info("re-dispatched %d pending async request(s) after restart", n)
+            log.info("re-dispatching %d pending async request(s) from before the restart", n)
         return n
 
     @property
@@ -121,34 +165,47 @@ class Service:
                     f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
                 )
 
-    def submit(self, request: ChatRequest, *, mode: str, stream: bool = False) -> str:
-        """Register and dispatch; returns the request id. Raises 429/503/400 errors."""
+    def in_flight(self) -> int:
+        return (self.engine.in_flight() if self.engine is not None else 0) + self._registering
+
+    async def submit(self, request: ChatRequest, *, mode: str, stream: bool = False, owner: str | None = None) -> str:
+        """Register (durably, off the event loop), then dispatch; returns the request id.
+
+        Raises 429 (too much in flight), 503 (engine not ready), 400 (duplicate id), 507 (disk full).
+        """
         self._require_engine()
+        if self._unsaved:
+            raise RegistryFull(
+                f"{len(self._unsaved)} finished result(s) could not be written to the request registry (disk "
+                "full?); new requests are refused until they are stored"
+            )
         with self._lock:
-            if len(self._active) >= self.config.max_queued:
-                self.counters["rejected"] += 1
+            if self.in_flight() >= self.config.max_queued:
+                self.instruments.count("rejected")
                 raise QueueFull(
                     f"too many requests in flight ({self.config.max_queued}); retry shortly", retry_after_s=2
                 )
-            request_id = request.request_id or uuid.uuid4().hex
-            self._active.add(request_id)
-        seed = request.seed if request.seed is not None else secrets.randbits(63)
+            self._registering += 1
         try:
-            if not self.registry.insert(request_id, mode, request.params_dict(), request.metadata, seed):
+            request_id = request.request_id or uuid.uuid4().hex
+            seed = request.seed if request.seed is not None else secrets.randbits(64)
+            inserted = await asyncio.to_thread(
+                self.registry.insert, request_id, mode, request.params_dict(), request.metadata, seed, owner=owner
+            )
+            if not inserted:
                 raise InvalidRequest(f"request_id {request_id!r} already exists", param="request_id")
-        except BaseException:
+            self.instruments.count("submitted")
+            if mode == "sync":
+                self._waiters[request_id] = asyncio.get_running_loop().create_future()
+            if stream:
+                self._streams[request_id] = asyncio.Queue()
+            self._dispatch(request_id, request, seed, stream=stream, created_at=time.time())
+        finally:
             with self._lock:
-                self._active.discard(request_id)
-            raise
-        self.counters["submitted"] += 1
-        self._dispatch(request_id, request, seed, stream=stream, created_at=time.time())
+                self._registering -= 1
         return request_id
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
-        with self._lock:
-            self._active.add(request_id)
-        if stream and self._loop is not None:
-            self._streams[request_id] = asyncio.Queue()
         self.engine.submit(
             EngineRequest(
                 request_id=request_id,
@@ -174,33 +231,71 @@ class Service:
             self.engine.abort(request_id)
 
     # -- engine outputs (called from the engine's reader thread) --------------------------------
-    def on_engine_output(self, out: EngineOutput) -> None:
-        if not out.finished:
-            self._post(self._push_delta, out)
-            return
-        status, error, error_type = status_of(out)
-        result = build_result(out.request_id, self.model_name, out)
-        try:
-            self.registry.finish(out.request_id, status, result, error, error_type)
-        except EdgeLLMError:
-            log.exception("could not store the result of request %s", out.request_id)
+    def on_engine_outputs(self, outs: list[EngineOutput]) -> None:
+        """One engine message: deltas go to their streams; finals are stored in one transaction, then
+        their waiters are resolved with the delivered outcome (no re-read of SQLite)."""
+        finals: list[Outcome] = []
+        for out in outs:
+            if not out.finished:
+                self._post(self._push_delta, out)
+                continue
+            status, error, error_type = status_of(out)
+            result = build_result(out.request_id, self.model_name, out) if status is RequestStatus.COMPLETED else None
+            finals.append(Outcome(out.request_id, status, result, error, error_type))
+            self.instruments.finished(
+                status.value,
+                prompt_tokens=out.prompt_tokens,
+                completion_tokens=out.completion_tokens,
+                timings=out.timings,
+            )
+        if finals:
+            self._store(finals)
+        for out in outs:
+            if out.finished:
+                self._post(self._push_delta, out)
+        for outcome in finals:
+            self._post(self._resolve, outcome)
+
+    def _store(self, finals: list[Outcome]) -> None:
+        """Write results, retrying briefly; what cannot be written (disk full) is kept in memory and
+        answered from there, and written by `flush_unsaved()` once space is back."""
+        rows = [(o.request_id, o.status, o.result, o.error, o.error_type) for o in finals]
+        for delay in (*FINISH_WRITE_RETRIES, None):
+            try:
+                self.registry.finish_many(rows)
+                return
+            except EdgeLLMError as exc:
+                if delay is None:
+                    log.error("could not store %d result(s), keeping them in memory: %s", len(rows), exc.message)
+                    with self._lock:
+                        self._unsaved.update({o.request_id: o for o in finals})
+                    return
+                time.sleep(delay)
+
+    def flush_unsaved(self) -> int:
+        """Write results kept in memory while the registry was full; returns how many were written."""
         with self._lock:
-            self._active.discard(out.request_id)
-        self.counters[status.value if status.value in self.counters else "failed"] += 1
-        if status is RequestStatus.COMPLETED and "ttft_ms" in out.timings:
-            self.latency_ms = [*self.latency_ms[-999:], out.timings.get("ttft_ms", 0) + out.timings.get("decode_ms", 0)]
-        self._post(self._resolve, out)
+            pending = list(self._unsaved.values())
+        if not pending:
+            return 0
+        try:
+            self.registry.finish_many([(o.request_id, o.status, o.result, o.error, o.error_type) for o in pending])
+        except EdgeLLMError:
+            return 0
+        with self._lock:
+            for o in pending:
+                self._unsaved.pop(o.request_id, None)
+        log.info("stored %d result(s) kept in memory while the registry was full", len(pending))
+        return len(pending)
 
-    def _post(self, fn, out: EngineOutput) -> None:
+    def _post(self, fn, arg) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(fn, out)
+            self._loop.call_soon_threadsafe(fn, arg)
 
-    def _resolve(self, out: EngineOutput) -> None:
-        for fut in self._waiters.pop(out.request_id, []):
-            if not fut.done():
-                fut.set_result(out)
-        if out.request_id in self._streams:
-            self._streams[out.request_id].put_nowait(out)
+    def _resolve(self, outcome: Outcome) -> None:
+        fut = self._waiters.get(outcome.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(outcome)
 
     def _push_delta(self, out: EngineOutput) -> None:
         queue = self._streams.get(out.request_id)
@@ -209,36 +304,22 @@ class Service:
 
     # -- waiting -----------------------------------------------------------------------------
     async def wait(self, request_id: str, timeout_s: float) -> dict[str, Any]:
-        """Block until the request ends; its result, or the error it ended with."""
-        rec = self.registry.get(request_id)
-        if rec is None:
-            raise UnknownRequest(f"unknown request_id {request_id!r}", request_id=request_id)
-        if rec.status is RequestStatus.PENDING:
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.setdefault(request_id, []).append(fut)
-            try:
-                # A little grace past the engine's own deadline, which normally ends the request first.
-                await asyncio.wait_for(asyncio.shield(fut), timeout_s + 5.0)
-            except TimeoutError:
-                raise WaitTimeout(
-                    f"request {request_id} did not finish within {timeout_s:g} s; poll "
-                    f"/request_status?request_id={request_id}",
-                    request_id=request_id,
-                ) from None
-            finally:
-                waiters = self._waiters.get(request_id, [])
-                if fut in waiters:
-                    waiters.remove(fut)
-            rec = self.registry.get(request_id)
-        return self.result_or_raise(rec)
-
-    def result_or_raise(self, rec: RequestRecord) -> dict[str, Any]:
-        if rec.status is RequestStatus.COMPLETED:
-            return rec.result
-        if rec.status is RequestStatus.TIMEOUT:
-            raise WaitTimeout(f"request {rec.request_id} timed out: {rec.error}", request_id=rec.request_id)
-        cls = _ERROR_CLASSES.get(rec.error_type or "", EngineError)
-        raise cls(rec.error or "request failed", request_id=rec.request_id)
+        """Block until a request submitted by this process (mode sync) ends; its result or its error."""
+        fut = self._waiters.get(request_id)
+        if fut is None:
+            raise UnknownRequest(f"request {request_id!r} has no waiter in this process", request_id=request_id)
+        try:
+            # A little grace past the engine's own deadline, which normally ends the request first.
+            outcome = await asyncio.wait_for(asyncio.shield(fut), timeout_s + 5.0)
+        except TimeoutError:
+            raise WaitTimeout(
+                f"request {request_id} did not finish within {timeout_s:g} s; poll "
+                f"/request_status?request_id={request_id}",
+                request_id=request_id,
+            ) from None
+        finally:
+            self._waiters.pop(request_id, None)
+        return outcome.result_or_raise()
 
     async def stream(self, request_id: str) -> AsyncIterator[EngineOutput]:
         """Deltas, then the final output, of a request submitted with stream=True."""
@@ -251,13 +332,20 @@ class Service:
                     return
         finally:
             self._streams.pop(request_id, None)
+            self._waiters.pop(request_id, None)
 
     # -- queries -----------------------------------------------------------------------------
-    def request_status(self, request_id: str, *, return_full: bool) -> dict[str, Any]:
-        rec = self.registry.get(request_id)
-        if rec is None:
+    async def request_status(self, request_id: str, *, return_full: bool, owner: str | None = None) -> dict[str, Any]:
+        """A record as its owner sees it; another token's request is as unknown as a missing one."""
+        rec = await asyncio.to_thread(self.registry.get, request_id)
+        if rec is None or (rec.owner is not None and rec.owner != owner):
             raise UnknownRequest(
                 f"unknown request_id {request_id!r} (never submitted, or expired)", request_id=request_id
+            )
+        unsaved = self._unsaved.get(request_id)
+        if unsaved is not None and rec.status is RequestStatus.PENDING:
+            rec = dataclasses.replace(
+                rec, status=unsaved.status, result=unsaved.result, error=unsaved.error, error_type=unsaved.error_type
             )
         body: dict[str, Any] = {"request_id": rec.request_id, "status": rec.status.value}
         if rec.status is RequestStatus.COMPLETED:
@@ -282,6 +370,20 @@ class Service:
                 body["result"] = rec.result
         return body
 
+    async def live_check(self) -> bool:
+        """The watchdog's question: is the engine up (or restarting) and the registry readable?
+
+        Awaited on the event loop, so a wedged loop fails it by never answering.
+        """
+        if self.engine is None or self.engine.health().get("state") not in ("ready", "restarting"):
+            return False
+        try:
+            await asyncio.to_thread(self.registry.counts)
+        except EdgeLLMError as exc:
+            log.error("watchdog: the request registry is not readable: %s", exc.message)
+            return False
+        return True
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         engine = self.engine.health() if self.engine else {"state": "starting"}
         info = self.engine.info if self.engine else {}
@@ -305,22 +407,16 @@ class Service:
                 for k, v in (self.engine.stats if self.engine else {}).items()
                 if k in ("slots_total", "slots_busy", "waiting")
             },
-            "in_flight": len(self._active),
+            "in_flight": self.in_flight(),
             "max_queued": self.config.max_queued,
-            "registry": self.registry.counts(),
+            "registry": {
+                **self.registry.counts(),
+                "unsaved_results": len(self._unsaved),
+                "reset_reason": self.registry.reset_reason,
+            },
             "auth_required": self.auth.required,
         }
 
     def metrics(self) -> dict[str, Any]:
-        lat = sorted(self.latency_ms)
-
-        def pct(p: float) -> float | None:
-            return round(lat[min(len(lat) - 1, int(p * len(lat)))], 1) if lat else None
-
-        return {
-            "requests": dict(self.counters),
-            "in_flight": len(self._active),
-            "latency_ms": {"p50": pct(0.5), "p95": pct(0.95), "count": len(lat)},
-            "engine": self.engine.stats if self.engine else {},
-            "engine_restarts": (self.engine.health().get("restarts", 0) if self.engine else 0),
-        }
+        """The JSON view of the Prometheus instruments (p50/p95 are histogram-bucket estimates)."""
+        return self.instruments.as_dict()

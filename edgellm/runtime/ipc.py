@@ -9,7 +9,7 @@ from typing import Any
 
 class MsgKind(StrEnum):
     # API process -> worker
-    SUBMIT = "submit"  # payload: EngineRequest
+    SUBMIT = "submit"  # payload: list[EngineRequest], admitted in this order
     ABORT = "abort"  # payload: request id
     PING = "ping"
     SHUTDOWN = "shutdown"

@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from edgellm.api.openai_compat import (
     OpenAIOptions,
@@ -20,10 +20,12 @@ from edgellm.api.openai_compat import (
     parse_openai_request,
 )
 from edgellm.api.results import status_of
-from edgellm.api.service import Service
+from edgellm.api.service import Outcome, Service
 from edgellm.engine.types import EngineOutput
 from edgellm.errors import EdgeLLMError
+from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
+from edgellm.runtime.http_guard import remember_request_id
 
 
 def _sse(data: dict | str) -> str:
@@ -46,8 +48,8 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         try:
+            owner = authenticate(service, request)  # the header alone: no body read without it
             body = await read_json_body(request, max_body_bytes)
-            authenticate(service, request)
             chat, opts = parse_openai_request(
                 body,
                 service.model_name,
@@ -56,17 +58,18 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
             )
             service.check_engine_limits(chat)
             if not opts.stream:
-                request_id = service.submit(chat, mode="sync")
+                request_id = await service.submit(chat, mode="sync", owner=owner)
+                remember_request_id(request.scope, request_id)  # named in the 503 if shutdown cuts the wait
                 try:
                     result = await _wait_unless_disconnected(service, request, request_id, chat.timeout)
                 except ClientGone:
                     return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
                 return completion_body(result, opts)
-            request_id = service.submit(chat, mode="sync", stream=True)
+            request_id = await service.submit(chat, mode="sync", stream=True, owner=owner)
             outputs = service.stream(request_id)
             first = await anext(outputs)
             if first.finished:
-                raise_for_failure(service, first)
+                raise_for_failure(first)
         except EdgeLLMError as exc:
             return _error(exc)
         return StreamingResponse(
@@ -76,12 +79,11 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
         )
 
 
-def raise_for_failure(service: Service, out: EngineOutput) -> None:
-    status, _, _ = status_of(out)
+def raise_for_failure(out: EngineOutput) -> None:
+    """A stream that ended before its first delta: answer with its error status, not a 200 stream."""
+    status, error, error_type = status_of(out)
     if status.value != "completed":
-        record = service.registry.get(out.request_id)
-        if record is not None:
-            service.result_or_raise(record)
+        Outcome(out.request_id, status, None, error, error_type).result_or_raise()
 
 
 async def _events(

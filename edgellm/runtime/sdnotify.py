@@ -6,11 +6,12 @@ unmaintained, and systemd-python needs libsystemd headers to build on a Jetson.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,21 @@ class Notifier:
         self._stop.set()
         self.notify(stopping=1, status=status)
 
-    def start_watchdog(self, healthy: Callable[[], bool]) -> None:
-        """Ping WATCHDOG=1 at half the configured interval while `healthy()`; silence lets systemd restart us."""
+    async def watchdog(self, healthy: Callable[[], Awaitable[bool]]) -> None:
+        """Ping WATCHDOG=1 at half the configured interval, from the event loop, after `healthy()` passes.
+
+        Running on the loop is the point: a wedged event loop (or a failing check) goes silent, and
+        systemd restarts the node. A thread that only looked at the engine kept pinging for a dead API.
+        """
         if self.address is None or self.watchdog_s is None:
             return
         interval = max(0.5, self.watchdog_s / 2)
-
-        def loop() -> None:
-            while not self._stop.wait(interval):
-                if healthy():
-                    self.notify(watchdog=1)
-
-        threading.Thread(target=loop, name="sd-watchdog", daemon=True).start()
+        while not self._stop.is_set():
+            await asyncio.sleep(interval)
+            try:
+                ok = await asyncio.wait_for(healthy(), timeout=interval)
+            except Exception as exc:  # a check that raises or hangs is a failed check
+                log.warning("watchdog health check failed: %r", exc)
+                ok = False
+            if ok and not self._stop.is_set():
+                self.notify(watchdog=1)

@@ -3,7 +3,7 @@
 Alive = the OS says so AND it answered a ping recently; a hung worker is killed. When the worker
 dies, it is restarted (with backoff) and each in-flight request is sent again once; a request whose
 second attempt is also lost fails with a clear error. Outputs are delivered through `on_output`
-from a reader thread.
+from a reader thread, one call per engine message.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class _InFlight:
     request: EngineRequest
     attempts: int = 1
     streamed: bool = False  # deltas already left: a retry would repeat them
-    sent: bool = True  # False when it arrived during a restart: its first run is still to come
+    sent: bool = True  # False until a worker has it (arrived during a (re)start, or the send failed)
 
 
 class WorkerEngine:
@@ -49,7 +49,7 @@ class WorkerEngine:
     def __init__(
         self,
         config: WorkerConfig,
-        on_output: Callable[[EngineOutput], None],
+        on_output: Callable[[list[EngineOutput]], None],
         *,
         ready_timeout_s: float = 300.0,
         on_retry: Callable[[str], None] | None = None,
@@ -81,11 +81,11 @@ class WorkerEngine:
     def start(self) -> None:
         """Spawn the worker and block until it is warm (or raise EngineUnavailable)."""
         self.state = EngineState.STARTING
-        self._spawn()
+        self._spawn()  # also sends what was submitted before READY (requests recovered from the registry)
         threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
 
-    def _spawn(self) -> list[_InFlight]:
-        """Start a worker and wait until it is warm; returns the requests in flight at that moment."""
+    def _spawn(self) -> None:
+        """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message)."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=run_worker, args=(self.config, child_conn), name="edgellm-engine", daemon=True)
         proc.start()
@@ -99,28 +99,72 @@ class WorkerEngine:
                     msg = Message(MsgKind.FATAL, f"engine worker exited with code {proc.exitcode} during start")
                 if msg.kind is MsgKind.READY:
                     break
-                self._fail_start(proc, str(msg.payload))
+                self._fail_start(proc, parent_conn, str(msg.payload))
             elif not proc.is_alive():
-                self._fail_start(proc, f"engine worker exited with code {proc.exitcode} during start")
+                self._fail_start(proc, parent_conn, f"engine worker exited with code {proc.exitcode} during start")
             elif time.monotonic() > deadline:
                 proc.kill()
-                self._fail_start(proc, f"engine worker not ready after {self.ready_timeout_s:.0f} s")
+                self._fail_start(proc, parent_conn, f"engine worker not ready after {self.ready_timeout_s:.0f} s")
         with self._lock:
             self._proc, self._conn = proc, parent_conn
             self.info = msg.payload
             self._last_pong = time.monotonic()
             self._generation += 1
-            self.state = EngineState.READY
             self.last_error = None
             generation = self._generation
-            # Taken with READY under one lock: later submits go straight to the new worker, so each
-            # request is either in this list or sent by submit(), never both.
-            in_flight = list(self._inflight.values())
+            resend, retried, lost = self._plan_resend()
+            # Sent before READY flips, in their original order: work that was in flight (or arrived
+            # during the restart) is admitted before any request that comes after.
+            if resend and not self._send(Message(MsgKind.SUBMIT, [e.request for e in resend])):
+                for entry in resend:
+                    entry.sent = False
+            self.state = EngineState.READY
         threading.Thread(target=self._reader, args=(parent_conn, generation), name="engine-reader", daemon=True).start()
-        return in_flight
+        for entry in retried:
+            log.warning(
+                "re-sending request %s to the restarted engine (attempt %d)", entry.request.request_id, entry.attempts
+            )
+            if self.on_retry is not None:
+                self.on_retry(entry.request.request_id)
+        if lost:
+            self.on_output(
+                [
+                    EngineOutput.failure(
+                        entry.request.request_id,
+                        "the engine worker crashed while streaming this request"
+                        if entry.streamed
+                        else "the engine worker crashed twice while running this request",
+                        "engine_error",
+                    )
+                    for entry in lost
+                ]
+            )
 
-    def _fail_start(self, proc, reason: str) -> None:
+    def _plan_resend(self) -> tuple[list[_InFlight], list[_InFlight], list[_InFlight]]:
+        """(to send, of which retries, given up) for the work in flight when a worker becomes ready.
+
+        A request never delivered to a worker is a first run; one that was in a worker that died is
+        retried once, unless its deltas already reached the client.
+        """
+        resend: list[_InFlight] = []
+        retried: list[_InFlight] = []
+        lost: list[_InFlight] = []
+        for rid, entry in list(self._inflight.items()):
+            if not entry.sent:
+                entry.sent = True
+                resend.append(entry)
+            elif entry.attempts >= MAX_ATTEMPTS or entry.streamed:
+                del self._inflight[rid]
+                lost.append(entry)
+            else:
+                entry.attempts += 1
+                resend.append(entry)
+                retried.append(entry)
+        return resend, retried, lost
+
+    def _fail_start(self, proc, conn, reason: str) -> None:
         proc.join(5)
+        conn.close()
         self.state = EngineState.FAILED
         self.last_error = reason
         raise EngineUnavailable(f"engine failed to start: {reason}")
@@ -131,10 +175,7 @@ class WorkerEngine:
         proc, conn = self._proc, self._conn
         if proc is None:
             return
-        try:
-            self._send(Message(MsgKind.SHUTDOWN))
-        except (OSError, EngineUnavailable):
-            pass
+        self._send(Message(MsgKind.SHUTDOWN))
         proc.join(timeout_s)
         if proc.is_alive():
             proc.kill()
@@ -150,29 +191,34 @@ class WorkerEngine:
     def submit(self, request: EngineRequest) -> None:
         with self._lock:
             ready = self.state is EngineState.READY
-            self._inflight[request.request_id] = _InFlight(request, sent=ready)
+            entry = self._inflight[request.request_id] = _InFlight(request, sent=ready)
             if not ready:
-                return  # sent when the restart completes
-        self._send(Message(MsgKind.SUBMIT, request))
+                return  # sent when the (re)start completes
+        if not self._send(Message(MsgKind.SUBMIT, [request])):
+            with self._lock:
+                entry.sent = False  # never delivered: the next worker runs it as a first attempt
+
+    def in_flight(self) -> int:
+        return len(self._inflight)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
             if self.state is not EngineState.READY:
                 return
-        try:
-            self._send(Message(MsgKind.ABORT, request_id))
-        except EngineUnavailable:
-            pass
+        self._send(Message(MsgKind.ABORT, request_id))
 
-    def _send(self, msg: Message) -> None:
+    def _send(self, msg: Message) -> bool:
+        """False when the worker cannot be reached; the reader thread notices its death and restarts it."""
         conn = self._conn
         if conn is None:
-            raise EngineUnavailable("engine worker is not running")
+            return False
         try:
             with self._send_lock:
                 conn.send(msg)
-        except (OSError, ValueError) as exc:  # the reader thread notices the death and restarts
+        except (OSError, ValueError) as exc:
             log.warning("send to engine worker failed: %s", exc)
+            return False
+        return True
 
     # -- background threads ------------------------------------------------------------------
     def _reader(self, conn, generation: int) -> None:
@@ -182,35 +228,30 @@ class WorkerEngine:
             except (EOFError, OSError):
                 break
             if msg.kind is MsgKind.OUTPUTS:
-                for out in msg.payload:
-                    self._deliver(out)
+                self._deliver(msg.payload)
             elif msg.kind is MsgKind.PONG:
                 self._last_pong = time.monotonic()
                 self.stats = msg.payload
         if not self._stopping.is_set() and generation == self._generation:
             self._handle_crash()
 
-    def _deliver(self, out: EngineOutput) -> None:
+    def _deliver(self, outs: list[EngineOutput]) -> None:
         with self._lock:
-            entry = self._inflight.get(out.request_id)
-            if out.finished:
-                self._inflight.pop(out.request_id, None)
-            elif entry is not None:
-                entry.streamed = True
-        if out.request_id == "warmup":
-            return
+            for out in outs:
+                if out.finished:
+                    self._inflight.pop(out.request_id, None)
+                elif (entry := self._inflight.get(out.request_id)) is not None:
+                    entry.streamed = True
         try:
-            self.on_output(out)
+            self.on_output(outs)
         except Exception:
-            log.exception("output handler failed for request %s", out.request_id)
+            log.exception("output handler failed for %d output(s)", len(outs))
 
     def _monitor(self) -> None:
         while not self._stopping.wait(self.ping_interval_s):
             if self.state is not EngineState.READY:
                 continue
-            try:
-                self._send(Message(MsgKind.PING))
-            except EngineUnavailable:
+            if not self._send(Message(MsgKind.PING)):
                 continue
             if time.monotonic() - self._last_pong > self.hang_timeout_s and self._proc is not None:
                 log.error(
@@ -219,7 +260,7 @@ class WorkerEngine:
                 self._proc.kill()  # the reader sees EOF and restarts it
 
     def _handle_crash(self) -> None:
-        proc = self._proc
+        proc, conn = self._proc, self._conn
         if proc is not None:
             proc.join(5)
         code = proc.exitcode if proc is not None else None
@@ -228,12 +269,14 @@ class WorkerEngine:
             self.last_error = f"engine worker died (exit code {code}); restarting"
             self.restarts += 1
             self._conn = None
+        if conn is not None:
+            conn.close()  # else each restart leaks the old pipe's descriptor
         log.error("engine worker died (exit code %s); %d request(s) in flight; restarting", code, len(self._inflight))
         backoff = 0.5
         while not self._stopping.is_set():
             try:
-                in_flight = self._spawn()
-                break
+                self._spawn()
+                return
             except EngineUnavailable as exc:
                 log.error("engine restart failed: %s; retrying in %.0f s", exc, backoff)
                 self.state = EngineState.RESTARTING
@@ -241,39 +284,12 @@ class WorkerEngine:
                 if self._stopping.wait(backoff):
                     return
                 backoff = min(backoff * 2, 30.0)
-        else:
-            return
-        self._resubmit(in_flight)
-
-    def _resubmit(self, entries: list[_InFlight]) -> None:
-        for entry in entries:
-            if not entry.sent:
-                entry.sent = True
-                self._send(Message(MsgKind.SUBMIT, entry.request))
-                continue
-            if entry.attempts >= MAX_ATTEMPTS or entry.streamed:
-                with self._lock:
-                    self._inflight.pop(entry.request.request_id, None)
-                why = (
-                    "the engine worker crashed twice while running this request"
-                    if not entry.streamed
-                    else "the engine worker crashed while streaming this request"
-                )
-                self.on_output(EngineOutput.failure(entry.request.request_id, why, "engine_error"))
-                continue
-            entry.attempts += 1
-            if self.on_retry is not None:
-                self.on_retry(entry.request.request_id)
-            log.warning(
-                "re-sending request %s to the restarted engine (attempt %d)", entry.request.request_id, entry.attempts
-            )
-            self._send(Message(MsgKind.SUBMIT, entry.request))
 
     def _fail_inflight(self, why: str) -> None:
         with self._lock:
             entries, self._inflight = list(self._inflight.values()), {}
-        for entry in entries:
-            self.on_output(EngineOutput.failure(entry.request.request_id, why, "engine_error"))
+        if entries:
+            self.on_output([EngineOutput.failure(e.request.request_id, why, "engine_error") for e in entries])
 
     def health(self) -> dict[str, Any]:
         alive = self._proc is not None and self._proc.is_alive()

@@ -28,13 +28,22 @@ class WorkerConfig:
     force_gpu_failure: bool = False  # test hook: pretend the GPU load ran out of memory
 
 
+# Outside the request-id space (ids are [A-Za-z0-9._:-]), so no client request can be mistaken for it.
+WARMUP_ID = "#warm-up"
+
+
 def warm_up(scheduler: Scheduler) -> float:
-    """Run one short generation so the first real request does not pay for lazy init."""
+    """Run one short generation so the first real request does not pay for lazy init.
+
+    It runs before the worker reports READY, so its outputs never leave the worker.
+    """
     t0 = time.perf_counter()
     scheduler.add_request(
-        EngineRequest("warmup", [{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=2))
+        EngineRequest(WARMUP_ID, [{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=2))
     )
     while scheduler.has_work():
+        if not scheduler.can_step():
+            scheduler.wait_prepared(0.05)
         scheduler.step()
     return 1000 * (time.perf_counter() - t0)
 
@@ -88,14 +97,16 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
 
 def _loop(scheduler: Scheduler, conn: Connection, parent: int) -> None:
     while True:
-        timeout = 0.0 if scheduler.has_work() else 0.5
+        # Sleep on the pipe while there is nothing to decode; requests still being prepared (a big
+        # template, a grammar compile) are checked every few ms instead of spinning a core.
+        timeout = 0.0 if scheduler.can_step() else (0.005 if scheduler.has_work() else 0.5)
         while conn.poll(timeout):
             msg: Message = conn.recv()
             timeout = 0.0
             if msg.kind is MsgKind.SUBMIT:
-                rejected = scheduler.add_request(msg.payload)
-                if rejected is not None:
-                    conn.send(Message(MsgKind.OUTPUTS, [rejected]))
+                rejected = [out for r in msg.payload if (out := scheduler.add_request(r)) is not None]
+                if rejected:
+                    conn.send(Message(MsgKind.OUTPUTS, rejected))
             elif msg.kind is MsgKind.ABORT:
                 scheduler.abort(msg.payload)
             elif msg.kind is MsgKind.PING:

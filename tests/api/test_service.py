@@ -1,0 +1,129 @@
+"""The service's book keeping, with a real registry and an engine stand-in.
+
+The engine here is a recorder, not llama.cpp: these tests deliver engine outputs at exact moments
+(after the disk fills, while a duplicate arrives) that a real worker cannot be made to hit on
+demand. The end-to-end paths are covered by the node tests in tests/runtime/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edgellm.api.auth import Authenticator
+from edgellm.api.registry import Registry, RegistryFull, RequestStatus
+from edgellm.api.service import Service, ServiceConfig
+from edgellm.api.validation import parse_chat_request
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
+from edgellm.errors import InvalidRequest, UnknownRequest
+from tests.api.test_registry import fill_registry
+
+pytestmark = pytest.mark.anyio  # anyio's pytest plugin (installed with httpx) runs the async tests
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class RecordingEngine:
+    def __init__(self) -> None:
+        self.info = {"n_vocab": 1000}
+        self.stats: dict = {}
+        self.submitted: list[EngineRequest] = []
+        self.inflight: set[str] = set()
+
+    def submit(self, request: EngineRequest) -> None:
+        self.submitted.append(request)
+        self.inflight.add(request.request_id)
+
+    def finish(self, service: Service, request_id: str, text: str = "done") -> None:
+        self.inflight.discard(request_id)
+        out = EngineOutput(request_id, True, text=text, finish_reason=FinishReason.STOP, completion_tokens=1)
+        service.on_engine_outputs([out])
+
+    def abort(self, request_id: str) -> None: ...
+
+    def in_flight(self) -> int:
+        return len(self.inflight)
+
+    def health(self) -> dict:
+        return {"state": "ready"}
+
+    def close(self) -> None: ...
+
+
+def make_service(tmp_path, boot_id: str = "boot-now", max_queued: int = 64) -> tuple[Service, RecordingEngine]:
+    registry = Registry(tmp_path / "r.sqlite3", ttl_s=60, boot_id=boot_id)
+    service = Service(ServiceConfig("m", max_queued=max_queued), registry, Authenticator([]))
+    engine = RecordingEngine()
+    service.bind(engine, asyncio.get_running_loop())
+    return service, engine
+
+
+def chat(**fields):
+    return parse_chat_request({"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+async def test_a_duplicate_request_id_leaves_the_live_request_counted(tmp_path):
+    """Regression: on main each duplicate removed the live id from the in-flight set (124 in flight
+    against a limit of 64)."""
+    service, engine = make_service(tmp_path, max_queued=2)
+    await service.submit(chat(request_id="dup"), mode="async")
+    for _ in range(5):
+        with pytest.raises(InvalidRequest, match="already exists"):
+            await service.submit(chat(request_id="dup"), mode="async")
+    assert service.in_flight() == 1
+    await service.submit(chat(), mode="async")
+    with pytest.raises(Exception, match="too many requests in flight"):
+        await service.submit(chat(), mode="async")
+
+
+async def test_a_result_finishing_on_a_full_disk_is_answered_and_stored_later(tmp_path):
+    """Regression: on main the finish write failed, was only logged, and the request stayed pending."""
+    service, engine = make_service(tmp_path)
+    rid = await service.submit(chat(), mode="async")
+    sync_id = await service.submit(chat(), mode="sync")
+    fill_registry(service.registry)
+    big = "x" * 50_000  # needs new pages: the write fails with SQLITE_FULL
+    engine.finish(service, rid, big)
+    engine.finish(service, sync_id, big)
+    await asyncio.sleep(0)
+    status = await service.request_status(rid, return_full=False)
+    assert status["status"] == "completed" and status["result"]["TEXT_RESPONSE"] == [big]
+    assert (await service.wait(sync_id, 5))["TEXT_RESPONSE"] == [big]  # the waiter got it too
+    with pytest.raises(RegistryFull):  # new work is refused with 507 while the disk is full
+        await service.submit(chat(), mode="async")
+    assert service.status()["registry"]["unsaved_results"] == 2
+    service.registry._db.execute("PRAGMA max_page_count = 1000000")  # space is back
+    assert service.flush_unsaved() == 2
+    assert service.registry.get(rid).status is RequestStatus.COMPLETED
+
+
+async def test_recovery_touches_only_rows_of_earlier_boots(tmp_path):
+    """Regression: on main recovery ran after the engine was ready and failed (sync) or re-sent
+    (async) requests of the current boot that arrived in that window."""
+    old, _ = make_service(tmp_path, boot_id="boot-old")
+    await old.submit(chat(request_id="old-async"), mode="async")
+    await old.submit(chat(request_id="old-sync"), mode="sync")
+    old.registry.close()
+    service, engine = make_service(tmp_path, boot_id="boot-new")
+    await service.submit(chat(request_id="new-async"), mode="async")
+    await service.submit(chat(request_id="new-sync"), mode="sync")
+    engine.submitted.clear()
+    assert service.recover() == 1
+    assert [r.request_id for r in engine.submitted] == ["old-async"]
+    assert service.registry.get("old-sync").status is RequestStatus.FAILED
+    assert service.registry.get("old-async").attempts == 2
+    assert service.registry.get("new-sync").status is RequestStatus.PENDING
+    assert service.registry.get("new-async").attempts == 1
+
+
+async def test_another_tokens_request_is_not_found(tmp_path):
+    service, _ = make_service(tmp_path)
+    rid = await service.submit(chat(), mode="async", owner="owner-a")
+    assert (await service.request_status(rid, return_full=True, owner="owner-a"))["status"] == "pending"
+    for other in ("owner-b", None):
+        with pytest.raises(UnknownRequest):
+            await service.request_status(rid, return_full=False, owner=other)
