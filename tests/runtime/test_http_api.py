@@ -8,6 +8,7 @@ import time
 
 import jsonschema
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import chat
 
@@ -221,8 +222,18 @@ def test_health_status_metrics(node):
         assert s["engine_info"]["n_slots"] == 8 and "registry" in s
         m = c.get("/metrics").json()["result"]
         assert m["requests"]["completed"] >= 1
+        assert m["latency_ms"]["count"] >= 1 and m["latency_ms"]["p50"] > 0  # from the histogram buckets
         prom = c.get("/metrics", params={"format": "prometheus"})
         assert prom.status_code == 200 and "edgellm_requests_total" in prom.text
+        # Issue 8, defect 21: real histograms (bucket/count/sum series), counters and gauges.
+        found = {
+            (x.name, x.labels.get("le")): x.value for f in text_string_to_metric_families(prom.text) for x in f.samples
+        }
+        for hist in ("edgellm_request_latency_seconds", "edgellm_time_to_first_token_seconds"):
+            count = found[(f"{hist}_count", None)]
+            assert count >= 1 and found[(f"{hist}_bucket", "+Inf")] == count and found[(f"{hist}_sum", None)] > 0
+        assert found[("edgellm_generated_tokens_total", None)] >= 1 and found[("edgellm_prompt_tokens_total", None)] > 0
+        assert found[("edgellm_slots_total", None)] == 8 and found[("edgellm_engine_restarts_total", None)] == 0
 
 
 def test_guided_decoding_and_sampling_fields_on_the_seed_endpoint(node):

@@ -1,0 +1,230 @@
+"""Prometheus instruments of one Service: request outcomes, latency and TTFT histograms, token counts.
+
+Each Service owns a `CollectorRegistry` of its own rather than prometheus_client's global default: a
+process may hold several services (tests do), and the global registry would refuse the second
+service's instruments (duplicate names) or mix their counts. Nothing here knows FastAPI or the
+engine classes: the service reports what happened, and a `live` callback supplies what is true right
+now (in flight, slots, queue), read at scrape time.
+
+The JSON /metrics view is derived from the same instruments. Its latency p50/p95 are estimated from
+the histogram buckets exactly as PromQL's `histogram_quantile` does (linear within the bucket that
+holds the rank), over every request since the node started; their precision is the bucket width.
+Count and mean are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+OUTCOMES = ("submitted", "completed", "failed", "timeout", "rejected")
+
+# Whole requests: a short answer on a Jetson takes ~0.1 s, a 4096-token one on a CPU minutes.
+LATENCY_BUCKETS_S = (
+    0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
+    120.0, 180.0, 300.0, 600.0, math.inf,
+)  # fmt: skip
+# Time to first token: queueing for a slot plus prefill; seconds only when the queue is deep.
+TTFT_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0,
+    60.0, math.inf,
+)  # fmt: skip
+
+
+class EngineView(Protocol):
+    """What the live gauges read from the engine client (runtime.supervisor satisfies it)."""
+
+    info: dict[str, Any]
+    stats: dict[str, Any]
+
+    def health(self) -> dict[str, Any]: ...
+
+
+def live_state(engine: EngineView | None, in_flight: int, max_queued: int) -> dict[str, Any]:
+    """The point-in-time values behind the gauges (and the JSON view), from the engine client."""
+    if engine is None:
+        return {"in_flight": in_flight, "max_queued": max_queued, "engine": {}, "engine_restarts": 0}
+    stats = dict(engine.stats)  # arrives with the worker's answer to each ping (every ~2 s)
+    if "slots_total" not in stats and (engine.info or {}).get("n_slots"):
+        stats["slots_total"] = engine.info["n_slots"]  # known from the start, before the first ping
+    return {
+        "in_flight": in_flight,
+        "max_queued": max_queued,
+        "engine": stats,
+        "engine_restarts": engine.health().get("restarts", 0),
+    }
+
+
+def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+    """PromQL's histogram_quantile over (upper bound, cumulative count) pairs, +Inf last."""
+    pairs = sorted(buckets)
+    if not pairs or pairs[-1][1] == 0:
+        return None
+    rank = q * pairs[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, cumulative in pairs:
+        if cumulative >= rank:
+            if math.isinf(upper):  # the rank lies past the last finite bound: that bound is the answer
+                return lower
+            if cumulative == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (cumulative - below)
+        lower, below = upper, cumulative
+    return lower
+
+
+class _LiveCollector:
+    """Gauges (and the engine's own counters) read at scrape time from the `live` callback."""
+
+    def __init__(self, live: Callable[[], Mapping[str, Any]]):
+        self.live = live
+
+    def describe(self) -> list[Metric]:
+        return []  # no collect() at registration: the service may not be wired to an engine yet
+
+    def collect(self) -> Iterable[Metric]:
+        state = self.live()
+        yield GaugeMetricFamily("edgellm_in_flight", "Requests accepted and not finished", value=state["in_flight"])
+        yield GaugeMetricFamily(
+            "edgellm_in_flight_limit", "In-flight requests before new ones get 429", value=state["max_queued"]
+        )
+        # The supervisor counts restarts over the life of the API process, so this is monotonic.
+        yield CounterMetricFamily(
+            "edgellm_engine_restarts", "Engine worker restarts", value=state.get("engine_restarts", 0)
+        )
+        engine = state.get("engine") or {}
+        for key, help_text in (
+            ("slots_total", "Generation slots"),
+            ("slots_busy", "Slots holding a request"),
+            ("waiting", "Requests waiting for a slot"),
+        ):
+            if key in engine:
+                yield GaugeMetricFamily(f"edgellm_{key}", help_text, value=engine[key])
+        # The worker's step statistics start from zero when it restarts (rate() treats that as a reset).
+        for key, help_text in (
+            ("steps", "Engine decode steps"),
+            ("reused_tokens", "Prompt tokens skipped thanks to a cached prefix"),
+        ):
+            if key in engine:
+                yield CounterMetricFamily(f"edgellm_engine_{key}", help_text, value=engine[key])
+        for key in ("decode_ms_per_step", "guide_ms_per_step", "sample_ms_per_step"):
+            if key in engine:
+                yield GaugeMetricFamily(f"edgellm_engine_{key}", f"Mean {key.replace('_', ' ')}", value=engine[key])
+
+
+class ServiceMetrics:
+    """The instruments the service updates, in a registry of its own."""
+
+    def __init__(self, live: Callable[[], Mapping[str, Any]] | None = None):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "edgellm_requests", "Requests by outcome (submitted = accepted)", ["outcome"], registry=self.registry
+        )
+        for outcome in OUTCOMES:  # every outcome is a series from the start, so rate() sees the first one
+            self.requests.labels(outcome)
+        self.latency = Histogram(
+            "edgellm_request_latency_seconds",
+            "Completed requests: from entering the engine queue to the last token",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "edgellm_time_to_first_token_seconds",
+            "Completed requests: from entering the engine queue to the first generated token",
+            buckets=TTFT_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "edgellm_prompt_tokens",
+            "Prompt tokens of finished requests (cached prefix included)",
+            registry=self.registry,
+        )
+        self.generated_tokens = Counter(
+            "edgellm_generated_tokens", "Tokens generated for finished requests", registry=self.registry
+        )
+        self.live = live
+        if live is not None:
+            self.registry.register(_LiveCollector(live))
+
+    # -- what happened (any thread) ----------------------------------------------------------------
+    def count(self, outcome: str) -> None:
+        self.requests.labels(outcome if outcome in OUTCOMES else "failed").inc()
+
+    def finished(
+        self,
+        outcome: str,
+        *,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        timings: Mapping[str, float] | None = None,
+    ) -> None:
+        """One request ended; latency and TTFT are observed for completed requests that carry timings."""
+        timings = timings or {}
+        self.count(outcome)
+        self.prompt_tokens.inc(max(0, prompt_tokens))
+        self.generated_tokens.inc(max(0, completion_tokens))
+        if outcome == "completed" and "ttft_ms" in timings:
+            ttft_s = timings["ttft_ms"] / 1000
+            self.ttft.observe(ttft_s)
+            self.latency.observe(ttft_s + timings.get("decode_ms", 0.0) / 1000)
+
+    # -- views -----------------------------------------------------------------------------------
+    @staticmethod
+    def totals(counter: Counter) -> dict[tuple[str, ...], int]:
+        """A counter's `_total` values by label values, read through the public collect()."""
+        return {
+            tuple(sample.labels.values()): int(sample.value)
+            for metric in counter.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        }
+
+    def counts(self) -> dict[str, int]:
+        return {**dict.fromkeys(OUTCOMES, 0), **{key[0]: n for key, n in self.totals(self.requests).items()}}
+
+    @staticmethod
+    def summary_ms(histogram: Histogram) -> dict[str, Any]:
+        """p50/p95 (bucket estimates, see the module doc), exact count and mean, in milliseconds."""
+        buckets: list[tuple[float, float]] = []
+        count = total = 0.0
+        for metric in histogram.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_bucket"):
+                    buckets.append((float(sample.labels["le"]), sample.value))
+                elif sample.name.endswith("_count"):
+                    count = sample.value
+                elif sample.name.endswith("_sum"):
+                    total = sample.value
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(1000 * seconds, 1)
+
+        return {
+            "p50": ms(histogram_quantile(0.5, buckets)),
+            "p95": ms(histogram_quantile(0.95, buckets)),
+            "mean": ms(total / count) if count else None,
+            "count": int(count),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON /metrics body: counts, latency summaries, and the live values."""
+        live = dict(self.live()) if self.live is not None else {}
+        return {
+            "requests": self.counts(),
+            "in_flight": live.get("in_flight", 0),
+            "latency_ms": self.summary_ms(self.latency),
+            "ttft_ms": self.summary_ms(self.ttft),
+            "tokens": {
+                "prompt": self.totals(self.prompt_tokens).get((), 0),
+                "generated": self.totals(self.generated_tokens).get((), 0),
+            },
+            "engine": live.get("engine", {}),
+            "engine_restarts": live.get("engine_restarts", 0),
+        }
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self.registry)
