@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from edgellm.api.output_processor import RequestOutput
 from edgellm.api.registry import RequestStatus
-from edgellm.engine.types import EngineOutput, FinishReason
+from edgellm.engine.types import FinishReason
 
 
-def build_result(request_id: str, model_name: str, out: EngineOutput) -> dict[str, Any]:
+def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[str, Any]:
     logprobs = {"content": [lp.to_dict() for lp in out.logprobs]} if out.logprobs is not None else None
     completion = {
         "id": f"chatcmpl-{request_id}",
@@ -39,7 +40,7 @@ def build_result(request_id: str, model_name: str, out: EngineOutput) -> dict[st
     }
 
 
-def status_of(out: EngineOutput) -> tuple[RequestStatus, str | None, str | None]:
+def status_of(out: RequestOutput) -> tuple[RequestStatus, str | None, str | None]:
     """(status, error, error_type) for a final engine output."""
     if out.finish_reason is FinishReason.TIMEOUT:
         return RequestStatus.TIMEOUT, "request timed out before it finished", "timeout"

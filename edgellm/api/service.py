@@ -20,6 +20,7 @@ from typing import Any
 
 from edgellm.api.auth import Authenticator
 from edgellm.api.metrics import ServiceMetrics, live_state
+from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.api.registry import Registry, RegistryFull, RequestRecord, RequestStatus
 from edgellm.api.results import build_result, status_of
 from edgellm.api.validation import ChatRequest, parse_chat_request
@@ -99,6 +100,7 @@ class Service:
         self._streams: dict[str, asyncio.Queue] = {}
         self._registering = 0  # accepted, being written to the registry, not yet with the engine
         self._unsaved: dict[str, Outcome] = {}  # finished, but the registry could not be written
+        self.outputs = OutputProcessor()  # engine byte deltas -> text, stop strings, stream deltas
         self._lock = threading.Lock()
         self.started_at = time.time()
         self.draining = False  # set on shutdown: no new work, in-flight work finishes or stays pending
@@ -206,6 +208,7 @@ class Service:
         return request_id
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
+        self.outputs.add_request(request_id, request.stop)
         self.engine.submit(
             EngineRequest(
                 request_id=request_id,
@@ -235,7 +238,8 @@ class Service:
         """One engine message: deltas go to their streams; finals are stored in one transaction, then
         their waiters are resolved with the delivered outcome (no re-read of SQLite)."""
         finals: list[Outcome] = []
-        for out in outs:
+        processed = [self.outputs.process(out) for out in outs]
+        for out in processed:
             if not out.finished:
                 self._post(self._push_delta, out)
                 continue
@@ -250,7 +254,7 @@ class Service:
             )
         if finals:
             self._store(finals)
-        for out in outs:
+        for out in processed:
             if out.finished:
                 self._post(self._push_delta, out)
         for outcome in finals:
@@ -297,7 +301,7 @@ class Service:
         if fut is not None and not fut.done():
             fut.set_result(outcome)
 
-    def _push_delta(self, out: EngineOutput) -> None:
+    def _push_delta(self, out: RequestOutput) -> None:
         queue = self._streams.get(out.request_id)
         if queue is not None:
             queue.put_nowait(out)
@@ -321,7 +325,7 @@ class Service:
             self._waiters.pop(request_id, None)
         return outcome.result_or_raise()
 
-    async def stream(self, request_id: str) -> AsyncIterator[EngineOutput]:
+    async def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
         """Deltas, then the final output, of a request submitted with stream=True."""
         queue = self._streams[request_id]
         try:

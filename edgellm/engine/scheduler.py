@@ -21,7 +21,7 @@ from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, apply_penalties, sample_row
 from edgellm.engine.slot import PreparedRequest, Slot, SlotState
-from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, TokenLogprob
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind, TokenLogprob
 from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest, QueueFull
 
 log = logging.getLogger(__name__)
@@ -335,18 +335,22 @@ class Scheduler:
                     break
                 forced.append(t)
             self.stats.guide_s += time.perf_counter() - g0
-        prev_len = len(slot.text)
+        before = len(slot.data)
         for t, sampled in [(token, sample), *((t, None) for t in forced)]:
-            slot.generated.append(t)
-            slot.history.append(t)
             piece = self.model.piece(t)
             if slot.logprobs is not None and sampled is not None:
                 slot.logprobs.append(self._logprob_entry(t, piece, sampled))
-            slot.add_text(piece)
+            slot.add_token(t, piece)
         self.stats.generated_tokens += 1 + len(forced)
-        cut = slot.find_stop(prev_len)
-        if cut >= 0:
-            slot.text = slot.text[:cut]
+        if slot.hit_stop(before):
+            if slot.guide is not None and not slot.guide.is_done():
+                return self._finish(
+                    slot,
+                    FinishReason.ERROR,
+                    error="a stop string cut the structured output before the grammar completed; "
+                    "the partial text does not conform",
+                    error_type="generation_failed",
+                )
             return self._finish(slot, FinishReason.STOP)
         if slot.guide is not None and slot.guide.is_done():
             return self._finish(slot, FinishReason.STOP)
@@ -354,11 +358,7 @@ class Scheduler:
             return self._finish(slot, FinishReason.LENGTH)
         slot.pending = [token, *forced]
         slot.state = SlotState.DECODE
-        if slot.request.stream:
-            delta = slot.stream_delta()
-            if delta:
-                return EngineOutput(slot.request_id, False, text=delta, logprobs=slot.stream_logprobs())
-        return None
+        return slot.take_delta(final=False) if slot.request.stream else None
 
     def _logprob_entry(self, token: int, piece: bytes, sample) -> TokenLogprob:
         top = []
@@ -370,17 +370,10 @@ class Scheduler:
     def _finish(
         self, slot: Slot, reason: FinishReason, *, error: str | None = None, error_type: str | None = None
     ) -> EngineOutput:
-        slot.flush_text()
         now = time.monotonic()
         first = slot.first_token_at or now
         n_gen = len(slot.generated)
         decode_s = now - first
-        timings = {
-            "queue_ms": 1000 * (slot.started_at - slot.queued_at),
-            "ttft_ms": 1000 * (first - slot.queued_at),
-            "decode_ms": 1000 * decode_s,
-            "tokens_per_s": (n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
-        }
         if slot.guide is not None and reason is FinishReason.LENGTH and error is None:
             error, error_type = (
                 (
@@ -389,20 +382,27 @@ class Scheduler:
                 ),
                 "generation_failed",
             )
-        delta = slot.stream_delta() if slot.request.stream else ""
-        out = EngineOutput(
-            slot.request_id,
-            True,
-            text=slot.text,
-            finish_reason=reason,
-            prompt_tokens=len(slot.prompt),
-            completion_tokens=n_gen,
-            logprobs=slot.logprobs,
-            error=error,
-            timings=timings,
-            error_type=error_type,
-            final_delta=delta,
-        )
+        if (
+            reason is FinishReason.STOP
+            and error is None
+            and slot.request.guide is not None
+            and slot.request.guide.kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA)
+            and not slot.data.strip()
+        ):
+            # A grammar that let the model end at once (e.g. a schema only an empty output satisfies)
+            # did not produce structured output: never report "" as a success.
+            error, error_type = "structured output is empty: the guide admitted no content", "generation_failed"
+        out = slot.take_delta(final=True)
+        out.finish_reason = reason
+        out.prompt_tokens = len(slot.prompt)
+        out.completion_tokens = n_gen
+        out.error, out.error_type = error, error_type
+        out.timings = {
+            "queue_ms": 1000 * (slot.started_at - slot.queued_at),
+            "ttft_ms": 1000 * (first - slot.queued_at),
+            "decode_ms": 1000 * decode_s,
+            "tokens_per_s": (n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
+        }
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
         slot.reset(keep_cache=True)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import codecs
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 
 from edgellm.engine.guide_llguidance import Guide
-from edgellm.engine.types import EngineRequest, FinishReason, TokenLogprob
+from edgellm.engine.types import EngineOutput, EngineRequest, TokenLogprob
 
 
 class SlotState(Enum):
@@ -59,13 +58,13 @@ class Slot:
         self.guide = guide
         self.generated: list[int] = []
         self.history: list[int] = list(prepared.prompt[-prepared.request.sampling.repeat_last_n :])
-        self.text = ""
-        self.streamed = 0  # chars of `text` already sent as deltas
-        self.logprobs_streamed = 0  # entries of `logprobs` already sent with deltas
+        self.data = bytearray()  # raw bytes of every generated token (stop strings are matched on them)
+        self.emitted_bytes = 0  # of `data`, already reported in an output
+        self.emitted_logprobs = 0  # of `logprobs`, already reported
+        self.emitted_tokens = 0  # of `generated`, already reported
         self.logprobs: list[TokenLogprob] | None = [] if prepared.request.sampling.num_logprobs > 0 else None
         self.pending: list[int] = []  # tokens to decode next step: the last sampled one + forced ones
-        self.abort_reason: FinishReason | None = None
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stops = [s.encode("utf-8", "surrogatepass") for s in prepared.request.sampling.stop if s]
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
@@ -74,37 +73,34 @@ class Slot:
     def request_id(self) -> str:
         return self.request.request_id if self.request else ""
 
-    def add_text(self, piece: bytes) -> None:
-        self.text += self._decoder.decode(piece)
+    def add_token(self, token: int, piece: bytes) -> None:
+        self.generated.append(token)
+        self.history.append(token)
+        self.data += piece
 
-    def flush_text(self) -> None:
-        self.text += self._decoder.decode(b"", final=True)
+    def hit_stop(self, before: int) -> bool:
+        """Whether a stop string ends in the bytes added since `before` (the API cuts the text there).
 
-    def find_stop(self, prev_len: int) -> int:
-        """Index in `text` of the earliest stop string that ends in the new text, or -1."""
-        stops = self.request.sampling.stop if self.request else []
-        if not stops:
-            return -1
-        start = max(0, prev_len - max(len(s) for s in stops) + 1)
-        hits = [i for s in stops if (i := self.text.find(s, start)) >= 0]
-        return min(hits) if hits else -1
+        Matching the UTF-8 bytes of the stop strings finds exactly the text matches, without
+        decoding here: a character split across tokens is only whole on the API side.
+        """
+        if not self._stops:
+            return False
+        start = max(0, before - max(len(s) for s in self._stops) + 1)
+        return any(self.data.find(s, start) >= 0 for s in self._stops)
 
-    def stream_delta(self) -> str:
-        """New text that can no longer turn into a stop string."""
-        stops = self.request.sampling.stop if self.request else []
-        hold = max((len(s) for s in stops), default=1) - 1
-        end = max(self.streamed, len(self.text) - hold)
-        delta = self.text[self.streamed : end]
-        self.streamed = end
-        return delta
-
-    def stream_logprobs(self) -> list[TokenLogprob] | None:
-        """Logprob entries of the tokens generated since the last delta (None without logprobs)."""
-        if self.logprobs is None:
+    def take_delta(self, final: bool) -> EngineOutput | None:
+        """What was generated since the last output (None when nothing new and not final)."""
+        tokens = self.generated[self.emitted_tokens :]
+        if not tokens and not final:
             return None
-        new = self.logprobs[self.logprobs_streamed :]
-        self.logprobs_streamed = len(self.logprobs)
-        return new
+        data = bytes(self.data[self.emitted_bytes :])
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = self.logprobs[self.emitted_logprobs :]
+            self.emitted_logprobs = len(self.logprobs)
+        self.emitted_tokens, self.emitted_bytes = len(self.generated), len(self.data)
+        return EngineOutput(self.request_id, final, token_ids=tokens, data=data, logprobs=logprobs)
 
     def reset(self, *, keep_cache: bool) -> None:
         self.cached = (self.prompt + self.generated)[: self.n_past] if keep_cache else []

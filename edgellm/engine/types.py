@@ -78,19 +78,24 @@ class TokenLogprob:
 
 @dataclass
 class EngineOutput:
-    """A delta (finished=False, streaming only) or the final result of one request."""
+    """What the engine reports about one request: always a delta since its previous output.
+
+    `data` is the raw bytes of the new tokens: a character may span two outputs, so UTF-8 assembly,
+    stop-string holdback and streaming happen in one place on the API side (api/output_processor).
+    A request without `stream` gets a single output, at its end, holding everything.
+    """
 
     request_id: str
     finished: bool
-    text: str = ""  # final: the whole text; delta: the new text
+    token_ids: list[int] = field(default_factory=list)
+    data: bytes = b""
+    logprobs: list[TokenLogprob] | None = None  # entries of the new tokens; None when not asked for
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
-    completion_tokens: int = 0
-    logprobs: list[TokenLogprob] | None = None
+    completion_tokens: int = 0  # final: all generated tokens
     error: str | None = None
     error_type: str | None = None  # an errors.EdgeLLMError.error_type, so the API picks the status
     timings: dict[str, float] = field(default_factory=dict)
-    final_delta: str = ""  # streaming: text not yet sent as a delta when the request finished
 
     @classmethod
     def failure(

@@ -19,9 +19,9 @@ from edgellm.api.openai_compat import (
     now,
     parse_openai_request,
 )
+from edgellm.api.output_processor import RequestOutput
 from edgellm.api.results import status_of
 from edgellm.api.service import Outcome, Service
-from edgellm.engine.types import EngineOutput
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
@@ -79,7 +79,7 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
         )
 
 
-def raise_for_failure(out: EngineOutput) -> None:
+def raise_for_failure(out: RequestOutput) -> None:
     """A stream that ended before its first delta: answer with its error status, not a 200 stream."""
     status, error, error_type = status_of(out)
     if status.value != "completed":
@@ -87,10 +87,9 @@ def raise_for_failure(out: EngineOutput) -> None:
 
 
 async def _events(
-    service: Service, request_id: str, first: EngineOutput, outputs: AsyncIterator[EngineOutput], opts: OpenAIOptions
+    service: Service, request_id: str, first: RequestOutput, outputs: AsyncIterator[RequestOutput], opts: OpenAIOptions
 ) -> AsyncIterator[str]:
     created, model = now(), service.model_name
-    sent_logprobs = 0
     done = False
 
     def content_chunk(text: str, entries: list) -> str:
@@ -100,14 +99,12 @@ async def _events(
     try:
         yield _sse(chunk_body(request_id, model, created, {"role": "assistant", "content": ""}))
         out = first
-        while not out.finished:
-            if out.text:
-                yield content_chunk(out.text, out.logprobs or [])
-                sent_logprobs += len(out.logprobs or [])
+        while True:
+            if out.delta or out.new_logprobs:
+                yield content_chunk(out.delta, out.new_logprobs)
+            if out.finished:
+                break
             out = await anext(outputs)
-        rest = (out.logprobs or [])[sent_logprobs:]
-        if out.final_delta or rest:
-            yield content_chunk(out.final_delta, rest)
         status, error, error_type = status_of(out)
         if status.value == "completed":
             yield _sse(chunk_body(request_id, model, created, {}, out.finish_reason.value))

@@ -134,7 +134,7 @@ def test_services_keep_separate_registries(tmp_path):
             EngineOutput(
                 "r1",
                 True,
-                text="hi",
+                data=b"hi",
                 finish_reason=FinishReason.STOP,
                 prompt_tokens=9,
                 completion_tokens=2,

@@ -40,7 +40,7 @@ class RecordingEngine:
 
     def finish(self, service: Service, request_id: str, text: str = "done") -> None:
         self.inflight.discard(request_id)
-        out = EngineOutput(request_id, True, text=text, finish_reason=FinishReason.STOP, completion_tokens=1)
+        out = EngineOutput(request_id, True, data=text.encode(), finish_reason=FinishReason.STOP, completion_tokens=1)
         service.on_engine_outputs([out])
 
     def abort(self, request_id: str) -> None: ...

@@ -67,6 +67,22 @@ def test_stream_reassembles_to_the_non_streamed_text(client, model_id):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
+@pytest.mark.parametrize("stop", [["zzzz-never"], ["moon"]])
+def test_stream_with_stop_strings_keeps_every_character(client, model_id, stop):
+    """Regression: on main a stream with stop strings lost its last max(len(stop))-1 characters."""
+    kw = dict(
+        model=model_id,
+        messages=[{"role": "user", "content": "Tell me about the moon."}],
+        temperature=0,
+        max_tokens=48,
+        stop=stop,
+    )
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+    assert whole and stop[0] not in whole
+
+
 def test_logprobs(client, model_id):
     r = client.chat.completions.create(
         model=model_id, messages=MESSAGES, temperature=0, max_tokens=16, logprobs=True, top_logprobs=3
