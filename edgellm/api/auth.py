@@ -1,7 +1,12 @@
-"""Bearer-token auth: anonymous on a loopback node without tokens, else constant-time token check."""
+"""Bearer-token auth: anonymous on a loopback node without tokens, else constant-time token check.
+
+A successful check names the caller by an owner id (a short hash of the matched token) so that
+records can be tied to the token that created them without storing the token itself.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from edgellm.errors import Unauthorized
@@ -17,27 +22,41 @@ def extract_token(value: str | None) -> str | None:
     return value or None
 
 
+def owner_id(token: str) -> str:
+    """Stable, non-reversible id of a token (16 hex chars): safe to store and to log."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 class Authenticator:
     def __init__(self, tokens: list[str]):
         self._tokens = [t.encode() for t in tokens if t]
+        self._owners = [owner_id(t) for t in tokens if t]
 
     @property
     def required(self) -> bool:
         return bool(self._tokens)
 
-    def check(self, *candidates: str | None) -> None:
-        """Raise Unauthorized unless one of the candidate credentials (header, body field) is valid."""
+    def check(self, *candidates: str | None) -> str | None:
+        """The owner id of the first valid candidate credential (header, body field).
+
+        None when no tokens are configured (anonymous node); raises Unauthorized otherwise.
+        """
         if not self._tokens:
-            return
+            return None
         given = [t for c in candidates if (t := extract_token(c))]
         if not given:
             raise Unauthorized(
                 "authentication required: send 'Authorization: Bearer <token>' or an 'authorization' field"
             )
-        # Compare against every token without short-circuiting, so timing reveals nothing.
-        ok = False
+        # Compare against every token without short-circuiting, so timing reveals nothing about
+        # which token (or which prefix) matched.
+        matched: int | None = None
         for candidate in given:
-            for token in self._tokens:
-                ok |= hmac.compare_digest(candidate.encode(), token)
-        if not ok:
+            # surrogatepass: a JSON body may carry a lone surrogate; it must fail the check, not crash it.
+            raw = candidate.encode("utf-8", "surrogatepass")
+            for i, token in enumerate(self._tokens):
+                if hmac.compare_digest(raw, token) and matched is None:
+                    matched = i
+        if matched is None:
             raise Unauthorized("invalid token")
+        return self._owners[matched]
