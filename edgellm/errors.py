@@ -10,7 +10,10 @@
     ├── GenerationFailed            422 generation_failed (guide dead end, cut-off structured output)
     ├── EngineUnavailable           503 engine_unavailable
     ├── WaitTimeout                 504 timeout (carries the request id so the caller can poll)
-    └── EngineError                 500 engine_error (llama.cpp failure, worker crashed twice)
+    ├── EngineError                 500 engine_error (llama.cpp failure, worker crashed twice)
+    ├── RequestTimeout              408 request_timeout (client too slow sending its request)
+    ├── UnsupportedMediaType        415 unsupported_media_type (POST body not application/json)
+    └── MisdirectedRequest          421 misdirected_request (Host not this loopback node's)
 
 Adapters (FastAPI, naeural) turn an error into a response with `to_body()` and `http_status`; no
 other place decides a status code.
@@ -96,3 +99,19 @@ class WaitTimeout(EdgeLLMError):
 class EngineError(EdgeLLMError):
     http_status = 500
     error_type = "engine_error"
+
+
+# HTTP-boundary refusals (runtime/http_guard.py): decided before a route runs.
+class RequestTimeout(EdgeLLMError):
+    http_status = 408
+    error_type = "request_timeout"
+
+
+class UnsupportedMediaType(EdgeLLMError):
+    http_status = 415
+    error_type = "unsupported_media_type"
+
+
+class MisdirectedRequest(EdgeLLMError):
+    http_status = 421
+    error_type = "misdirected_request"

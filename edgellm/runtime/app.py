@@ -17,12 +17,14 @@ from edgellm import __version__
 from edgellm.api.auth import Authenticator
 from edgellm.api.body_schema import openapi_components
 from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
+from edgellm.api.openai_compat import error_body
 from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
-from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest
+from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized
 from edgellm.runtime.gpu_memory import gpu_memory
+from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_body
 from edgellm.runtime.http_common import authenticate as authenticate_request
-from edgellm.runtime.http_common import read_json_body
+from edgellm.runtime.http_guard import Drain, GuardConfig, HttpGuard, remember_request_id
 from edgellm.runtime.openai_routes import add_openai_routes
 from edgellm.runtime.prometheus import prometheus_text
 from edgellm.runtime.settings import Settings
@@ -98,6 +100,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
     async def lifespan(app: FastAPI):
         engine = WorkerEngine(worker_config, service.on_engine_output, on_retry=registry.bump_attempts)
         service.bind(engine, asyncio.get_running_loop())
+        drain.bind(asyncio.get_running_loop())
         tasks = [asyncio.create_task(start_engine(engine)), asyncio.create_task(evict_forever())]
         try:
             yield
@@ -109,11 +112,23 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
             await asyncio.to_thread(engine.close)
             registry.close()
 
-    app = FastAPI(title="edgellm", version=__version__, lifespan=lifespan)
+    # No /docs or /redoc: their pages load JavaScript from a CDN, useless on an offline device.
+    # /openapi.json is served below, behind auth like every other route.
+    app = FastAPI(
+        title="edgellm",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        default_response_class=SafeJSONResponse,
+    )
     app.state.service = service
+    drain = Drain()  # cli.py starts it on SIGTERM
+    app.state.drain = drain
 
     def respond(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(envelope(value, mode, node), status_code=status, headers=headers)
+        return SafeJSONResponse(envelope(value, mode, node), status_code=status, headers=headers)
 
     @app.exception_handler(EdgeLLMError)
     async def _edge_error(request: Request, exc: EdgeLLMError) -> JSONResponse:
@@ -133,7 +148,9 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
         return respond(EdgeLLMError(f"internal error: {type(exc).__name__}").to_body(), 500)
 
     async def read_body(request: Request) -> Any:
-        return await read_json_body(request, settings.max_body_bytes)
+        # A header token is checked before the body is read: without a valid one, nothing is read.
+        body, _ = await read_authenticated_body(service, request, settings.max_body_bytes)
+        return body
 
     def authenticate(request: Request, body: Any = None) -> None:
         authenticate_request(service, request, body)
@@ -146,6 +163,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
 
     async def predict(request: Request) -> JSONResponse:
         chat, request_id = await submit(request, "sync")
+        remember_request_id(request.scope, request_id)  # named in the 503 if shutdown cuts the wait
         return respond(await service.wait(request_id, chat.timeout))
 
     async def predict_async(request: Request) -> JSONResponse:
@@ -173,8 +191,13 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
         return respond(service.request_status(request_id.strip(), return_full=return_full))
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         ready, body = service.health()
+        if service.auth.required:
+            try:
+                authenticate(request)
+            except Unauthorized:  # liveness stays open; the worker pid and last error do not
+                body = {"status": body.get("status"), "model": body.get("model")}
         return respond(body, 200 if ready else 503, None if ready else EngineUnavailable("").headers)
 
     @app.get("/status")
@@ -203,4 +226,27 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_document(request: Request):
+        authenticate(request)
+        return SafeJSONResponse(app.openapi())
+
+    def error_response(path: str, exc: EdgeLLMError) -> Response:
+        """Refusals decided before a route runs, in the shape that route family answers with."""
+        if path.startswith("/v1/"):
+            return SafeJSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
+        return respond(exc.to_body(), exc.http_status, exc.headers)
+
+    app.add_middleware(
+        HttpGuard,
+        config=GuardConfig(
+            max_body_bytes=settings.max_body_bytes,
+            body_timeout_s=settings.body_timeout_s,
+            loopback_only=settings.is_loopback(),
+            allowed_hosts=tuple(settings.allowed_hosts),
+        ),
+        drain=drain,
+        error_response=error_response,
+    )
     return app

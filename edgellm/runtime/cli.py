@@ -32,6 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from edgellm.runtime.app import create_app
+    from edgellm.runtime.http_guard import h11_protocol
     from edgellm.runtime.sdnotify import Notifier
     from edgellm.runtime.settings import load_settings
 
@@ -56,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM/SIGINT: tell systemd and stop admitting at once
             app.state.service.draining = True
+            app.state.drain.start(settings.shutdown_grace_s)  # then waiting requests get a JSON 503
             notifier.stopping()
             super().handle_exit(sig, frame)
 
@@ -64,7 +66,13 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        # h11 always (not httptools when installed): the header deadline lives in this protocol class.
+        http=h11_protocol(settings.header_timeout_s),
+        ws="none",
+        h11_max_incomplete_event_size=16 * 1024,  # request line + headers
+        # The Drain answers requests still waiting at shutdown_grace_s with a JSON 503; uvicorn's own
+        # cancellation (a bare text 500) is only a backstop a little later.
+        timeout_graceful_shutdown=settings.shutdown_grace_s + 2,
     )
     _Server(config).run()
     return 0

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     max_queued: int = Field(64, ge=1, description="requests in flight (queued + generating) before 429")
     max_body_bytes: int = Field(1_048_576, ge=1024)
     shutdown_grace_s: int = Field(20, ge=0, description="on SIGTERM, wait this long for in-flight sync requests")
+    header_timeout_s: float = Field(10.0, gt=0, description="a request's headers must arrive within this (s)")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request's body must arrive within this (s)")
+    # Host names a loopback-bound node answers to besides localhost/127.0.0.1/[::1] ("*": any);
+    # env: EDGELLM_ALLOWED_HOSTS='["node.local"]'. Refusing other names defeats DNS rebinding.
+    allowed_hosts: list[str] = Field(default_factory=list)
     tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     node_alias: str = Field(default_factory=socket.gethostname)
     evm_network: str = "local"
