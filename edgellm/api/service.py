@@ -20,10 +20,11 @@ from typing import Any
 
 from edgellm.api.auth import Authenticator
 from edgellm.api.metrics import ServiceMetrics, live_state
+from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.api.registry import Registry, RegistryFull, RequestRecord, RequestStatus
 from edgellm.api.results import build_result, status_of
-from edgellm.api.validation import ChatRequest, parse_chat_request
+from edgellm.api.validation import MAX_MESSAGES, MAX_PROMPT_BYTES, ChatRequest, parse_chat_request
 from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.interface import EngineClient
 from edgellm.engine.types import EngineOutput, EngineRequest
@@ -54,6 +55,8 @@ class ServiceConfig:
     default_timeout_s: float = 600.0
     max_timeout_s: float = 3600.0
     max_queued: int = 64
+    max_messages: int = MAX_MESSAGES
+    max_prompt_bytes: int = MAX_PROMPT_BYTES
 
 
 @dataclass(frozen=True)
@@ -145,20 +148,35 @@ class Service:
         return self.config.model_name
 
     # -- submit ------------------------------------------------------------------------------
-    def parse(self, body: Any) -> ChatRequest:
-        request = parse_chat_request(
-            body, default_timeout=self.config.default_timeout_s, max_timeout=self.config.max_timeout_s
-        )
-        self.check_engine_limits(request)
+    async def parse(self, body: Any) -> ChatRequest:
+        """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits."""
+        request = parse_chat_request(body, **self._limits())
+        await self.check_engine_limits(request)
         return request
 
-    def check_engine_limits(self, request: ChatRequest) -> None:
+    async def parse_openai(self, body: Any) -> tuple[ChatRequest, OpenAIOptions]:
+        """An OpenAI chat-completions body -> a validated request and the response options."""
+        request, opts = parse_openai_request(body, self.model_name, **self._limits())
+        await self.check_engine_limits(request)
+        return request, opts
+
+    def _limits(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "default_timeout": c.default_timeout_s,
+            "max_timeout": c.max_timeout_s,
+            "max_messages": c.max_messages,
+            "max_prompt_bytes": c.max_prompt_bytes,
+        }
+
+    async def check_engine_limits(self, request: ChatRequest) -> None:
         """What only the engine knows: the guide compiles (cached), bias token ids are in the vocabulary.
 
-        A bad schema/regex/grammar is a 400 now, not a failure mid-run.
+        A bad schema/regex/grammar is a 400 now, not a failure mid-run. The first check of a new
+        guide can take a few hundred ms, so it runs off the event loop.
         """
         if request.guide is not None:
-            grammar_for(request.guide)
+            await asyncio.to_thread(grammar_for, request.guide)
         n_vocab = (self.engine.info or {}).get("n_vocab") if self.engine else None
         if n_vocab and request.logit_bias:
             bad = [t for t in request.logit_bias if t >= n_vocab]

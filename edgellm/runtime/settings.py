@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     request_ttl: float = Field(7200.0, gt=0, description="seconds a finished request stays queryable")
     max_queued: int = Field(64, ge=1, description="requests in flight (queued + generating) before 429")
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_messages: int = Field(512, ge=1, description="messages per request before a 400")
+    max_prompt_bytes: int = Field(262_144, ge=1024, description="message content bytes (UTF-8, summed) before a 400")
     shutdown_grace_s: int = Field(20, ge=0, description="on SIGTERM, wait this long for in-flight sync requests")
     header_timeout_s: float = Field(10.0, gt=0, description="a request's headers must arrive within this (s)")
     body_timeout_s: float = Field(30.0, gt=0, description="a request's body must arrive within this (s)")
