@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,18 @@ def node_identity(settings: Settings) -> NodeIdentity:
 
 
 def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
-    registry = Registry(Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl)
+    # The boot id marks the rows this process accepts: pending rows of other boots are what to recover.
+    registry = Registry(
+        Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
+    )
     service = Service(
         ServiceConfig(
             model_name=settings.served_model_name(),
             default_timeout_s=settings.request_timeout,
             max_timeout_s=settings.max_request_timeout,
             max_queued=settings.max_queued,
+            max_messages=settings.max_messages,
+            max_prompt_bytes=settings.max_prompt_bytes,
         ),
         registry,
         Authenticator(settings.tokens),
@@ -84,24 +90,35 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
             offload.get("gpu_supported"),
             f"; {offload['fallback_reason']}" if offload.get("fallback_reason") else "",
         )
-        service.recover()
         if on_ready is not None:
             on_ready(service)
 
-    async def evict_forever() -> None:
+    async def registry_upkeep() -> None:
+        """Store results kept in memory while the disk was full (every 2 s), evict expired records."""
         period = max(1.0, min(60.0, settings.request_ttl / 4))
+        next_evict = asyncio.get_running_loop().time() + period
         while True:
-            await asyncio.sleep(period)
-            n = await asyncio.to_thread(registry.evict_expired)
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(service.flush_unsaved)
+            if asyncio.get_running_loop().time() < next_evict:
+                continue
+            next_evict += period
+            try:
+                n = await asyncio.to_thread(registry.evict_expired)
+            except EdgeLLMError as exc:
+                log.error("evicting expired records failed: %s", exc.message)
+                continue
             if n:
                 log.info("evicted %d expired request record(s)", n)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = WorkerEngine(worker_config, service.on_engine_output, on_retry=registry.bump_attempts)
+        engine = WorkerEngine(worker_config, service.on_engine_outputs, on_retry=registry.bump_attempts)
         service.bind(engine, asyncio.get_running_loop())
         drain.bind(asyncio.get_running_loop())
-        tasks = [asyncio.create_task(start_engine(engine)), asyncio.create_task(evict_forever())]
+        # Before the engine admits anything: recovered work is sent to the worker ahead of new work.
+        await asyncio.to_thread(service.recover)
+        tasks = [asyncio.create_task(start_engine(engine)), asyncio.create_task(registry_upkeep())]
         try:
             yield
         finally:
@@ -152,14 +169,15 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
         body, _ = await read_authenticated_body(service, request, settings.max_body_bytes)
         return body
 
-    def authenticate(request: Request, body: Any = None) -> None:
-        authenticate_request(service, request, body)
+    def authenticate(request: Request, body: Any = None) -> str | None:
+        """The caller's owner id (a token hash; None when anonymous), or Unauthorized."""
+        return authenticate_request(service, request, body)
 
     async def submit(request: Request, mode_name: str):
         body = await read_body(request)
-        authenticate(request, body)
-        chat = service.parse(body)
-        return chat, service.submit(chat, mode=mode_name)
+        owner = authenticate(request, body)
+        chat = await service.parse(body)
+        return chat, await service.submit(chat, mode=mode_name, owner=owner)
 
     async def predict(request: Request) -> JSONResponse:
         chat, request_id = await submit(request, "sync")
@@ -185,10 +203,10 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
 
     @app.get("/request_status")
     async def request_status(request: Request, request_id: str | None = None, return_full: bool = False):
-        authenticate(request)
+        owner = authenticate(request)
         if request_id is None or not request_id.strip():
             raise InvalidRequest("request_id query parameter is required", param="request_id")
-        return respond(service.request_status(request_id.strip(), return_full=return_full))
+        return respond(await service.request_status(request_id.strip(), return_full=return_full, owner=owner))
 
     @app.get("/health")
     async def health(request: Request):

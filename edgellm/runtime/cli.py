@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -50,7 +51,8 @@ def _serve(args: argparse.Namespace) -> int:
             f"serving {service.model_name} on {settings.host}:{settings.port}; {info.get('n_slots')} slots x "
             f"{info.get('slot_ctx')} tokens; {offload.get('device')} (n_gpu_layers={offload.get('n_gpu_layers')})"
         )
-        notifier.start_watchdog(lambda: service.engine.health().get("state") in ("ready", "restarting"))
+        # Kept on the app so the task is not garbage-collected; cancelled with the loop at exit.
+        app.state.watchdog = asyncio.get_running_loop().create_task(notifier.watchdog(service.live_check))
 
     app = create_app(settings, on_ready=on_ready, on_stop=lambda service: notifier.stopping())
 

@@ -17,7 +17,6 @@ from edgellm.api.openai_compat import (
     logprobs_body,
     models_body,
     now,
-    parse_openai_request,
 )
 from edgellm.api.output_processor import RequestOutput
 from edgellm.api.results import status_of
@@ -50,13 +49,7 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
         try:
             owner = authenticate(service, request)  # the header alone: no body read without it
             body = await read_json_body(request, max_body_bytes)
-            chat, opts = parse_openai_request(
-                body,
-                service.model_name,
-                default_timeout=service.config.default_timeout_s,
-                max_timeout=service.config.max_timeout_s,
-            )
-            service.check_engine_limits(chat)
+            chat, opts = await service.parse_openai(body)
             if not opts.stream:
                 request_id = await service.submit(chat, mode="sync", owner=owner)
                 remember_request_id(request.scope, request_id)  # named in the 503 if shutdown cuts the wait
