@@ -13,43 +13,19 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel
-from edgellm.engine.sampler import NEG_INF, apply_penalties, sample_row
 from edgellm.engine.slot import PreparedRequest, Slot, SlotState
-from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind, TokenLogprob
+from edgellm.engine.stats import StepStats
+from edgellm.engine.step_plan import StepPlan, schedule
+from edgellm.engine.token_step import Finish, TokenStep
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind
 from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest, QueueFull
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepStats:
-    steps: int = 0
-    decode_s: float = 0.0
-    guide_s: float = 0.0  # mask fill + apply + advance, all slots
-    sample_s: float = 0.0
-    prompt_tokens: int = 0  # prompt tokens decoded
-    reused_tokens: int = 0  # prompt tokens skipped thanks to a cached prefix
-    generated_tokens: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        per = max(1, self.steps)
-        return {
-            "steps": self.steps,
-            "prompt_tokens": self.prompt_tokens,
-            "reused_tokens": self.reused_tokens,
-            "generated_tokens": self.generated_tokens,
-            "decode_ms_per_step": 1000 * self.decode_s / per,
-            "guide_ms_per_step": 1000 * self.guide_s / per,
-            "sample_ms_per_step": 1000 * self.sample_s / per,
-            "finished": dict(self.finished),
-        }
 
 
 class Scheduler:
@@ -65,6 +41,7 @@ class Scheduler:
         self._preparer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
         self._aborted: set[str] = set()
         self.stats = StepStats()
+        self.token_step = TokenStep(model, self.guides, self.stats, model.n_slots)
 
     # -- intake ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> EngineOutput | None:
@@ -122,74 +99,53 @@ class Scheduler:
 
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineOutput]:
+        """Drop cancelled work, admit waiting requests, then schedule -> decode -> update_from_output."""
         outputs: list[EngineOutput] = []
         self._drop_cancelled(outputs)
         self._admit(outputs)
-        tokens: list[int] = []
-        positions: list[int] = []
-        seqs: list[int] = []
-        want: list[bool] = []
-        rows: list[Slot] = []
-        for slot in self.slots:
-            if slot.state is SlotState.DECODE:
-                n = len(slot.pending)
-                tokens += slot.pending
-                positions += range(slot.n_past, slot.n_past + n)
-                seqs += [slot.seq_id] * n
-                want += [False] * (n - 1) + [True]
-                rows.append(slot)
-        budget = self.model.n_batch - len(tokens)
-        prefilling: list[tuple[Slot, int]] = []
-        for slot in self.slots:
-            if slot.state is not SlotState.PREFILL or budget <= 0:
-                continue
-            chunk = slot.prompt[slot.n_prefilled : slot.n_prefilled + budget]
-            done = slot.n_prefilled + len(chunk) == len(slot.prompt)
-            for j, tok in enumerate(chunk):
-                tokens.append(tok)
-                positions.append(slot.n_prefilled + j)
-                seqs.append(slot.seq_id)
-                want.append(done and j == len(chunk) - 1)
-            if done:
-                rows.append(slot)
-            prefilling.append((slot, len(chunk)))
-            budget -= len(chunk)
-        if not tokens:
+        plan = schedule(self.slots, self.model.n_batch)
+        if plan.empty:
             return outputs
         t0 = time.perf_counter()
-        logits, failed = self._decode(tokens, positions, seqs, want)
+        logits, failed = self._decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
         self.stats.decode_s += time.perf_counter() - t0
         self.stats.steps += 1
+        outputs += self.update_from_output(plan, logits, failed)
+        return outputs
+
+    def update_from_output(
+        self, plan: StepPlan, logits: list[np.ndarray | None], failed: dict[int, str]
+    ) -> list[EngineOutput]:
+        """Apply a decoded step: advance positions, then let each sampled slot pick its next token(s)."""
+        outputs: list[EngineOutput] = []
         for seq_id, error in failed.items():
             slot = self.slots[seq_id]
             log.error("decode failed for slot %d (request %s): %s", seq_id, slot.request_id, error)
-            outputs.append(self._finish(slot, FinishReason.ERROR, error=error, error_type="engine_error"))
+            outputs.append(self._finish(slot, Finish(FinishReason.ERROR, error, "engine_error")))
             self.model.trim_sequence(seq_id, 0)  # its KV state is unknown now
             slot.cached = []
-        for slot, n in prefilling:
-            if slot.seq_id in failed:
-                continue
-            slot.n_prefilled += n
-            slot.n_past += n
-            self.stats.prompt_tokens += n
-        for slot in rows:
-            if slot.state is SlotState.DECODE and slot.seq_id not in failed:
+        for slot, n in plan.prefill:
+            if slot.seq_id not in failed:
+                slot.n_prefilled += n
+                slot.n_past += n
+                self.stats.prompt_tokens += n
+        for slot in plan.decoding:
+            if slot.seq_id not in failed:
                 slot.n_past += len(slot.pending)  # the tokens fed this step are now in the KV cache
-        for r, slot in enumerate(rows):
+        for r, slot in enumerate(plan.sampled):
             if slot.seq_id in failed:
                 continue
             try:
-                out = self._sample_and_advance(slot, logits[r], r)
+                finish = self.token_step.advance(slot, logits[r], r)
             except Exception as exc:  # a fault in one slot's sampling/guide ends that request only
                 log.exception("slot %d (request %s) failed while sampling", slot.seq_id, slot.request_id)
-                out = self._finish(
-                    slot,
-                    FinishReason.ERROR,
-                    error=f"internal error while generating: {exc!r}"[:500],
-                    error_type="engine_error",
-                )
-            if out is not None:
-                outputs.append(out)
+                finish = Finish(FinishReason.ERROR, f"internal error while generating: {exc!r}"[:500], "engine_error")
+            if finish is not None:
+                outputs.append(self._finish(slot, finish))
+                continue
+            slot.state = SlotState.DECODE
+            if slot.request.stream and (delta := slot.take_delta(final=False)) is not None:
+                outputs.append(delta)
         return outputs
 
     def _decode(
@@ -245,7 +201,7 @@ class Scheduler:
             if slot.state is not SlotState.IDLE:
                 reason = self._cancel_reason(slot.request, now)
                 if reason is not None:
-                    outputs.append(self._finish(slot, reason, error=_cancel_text(reason)))
+                    outputs.append(self._finish(slot, Finish(reason, _cancel_text(reason))))
         self._aborted.clear()
 
     def _cancel_reason(self, request: EngineRequest, now: float) -> FinishReason | None:
@@ -285,91 +241,8 @@ class Scheduler:
                 reused,
             )
 
-    def _sample_and_advance(self, slot: Slot, row: np.ndarray, r: int) -> EngineOutput | None:
-        params = slot.request.sampling
-        t0 = time.perf_counter()
-        apply_penalties(row, params, slot.history, slot.generated)
-        if slot.guide is not None:
-            g0 = time.perf_counter()
-            slot.guide.fill_mask(self.guides.bitmask, r)
-            allowed = self.guides.allowed(r)
-            self.stats.guide_s += time.perf_counter() - g0
-            if not allowed.any():
-                return self._finish(
-                    slot,
-                    FinishReason.ERROR,
-                    error=f"guided decoding reached a dead end ({slot.guide.error() or 'no token allowed'})",
-                    error_type="generation_failed",
-                )
-            row[~allowed] = NEG_INF
-        sample = sample_row(row, params, len(slot.generated))
-        self.stats.sample_s += time.perf_counter() - t0
-        token = sample.token
-        if slot.first_token_at is None:
-            slot.first_token_at = time.monotonic()
-        if self.model.is_eog(token):
-            return self._finish(slot, FinishReason.STOP)
-        if slot.guide is not None:
-            g0 = time.perf_counter()
-            ok = slot.guide.accept(token)
-            self.stats.guide_s += time.perf_counter() - g0
-            if not ok:
-                return self._finish(
-                    slot,
-                    FinishReason.ERROR,
-                    error=f"guide rejected token {token}: {slot.guide.error()}",
-                    error_type="generation_failed",
-                )
-        forced: list[int] = []
-        if slot.guide is not None and params.num_logprobs == 0:
-            # Forced tokens are decoded together next step instead of one step each. With logprobs
-            # asked for, every token is sampled so that each one has honest logprobs.
-            g0 = time.perf_counter()
-            room = min(
-                params.max_tokens - len(slot.generated) - 1,
-                self.model.slot_ctx - slot.n_past - 2,
-                self.model.n_batch // len(self.slots) - 1,  # every slot's feed must fit one batch
-            )
-            for t in slot.guide.forced_tokens()[: max(0, room)]:
-                if self.model.is_eog(t) or not slot.guide.accept(t):
-                    break
-                forced.append(t)
-            self.stats.guide_s += time.perf_counter() - g0
-        before = len(slot.data)
-        for t, sampled in [(token, sample), *((t, None) for t in forced)]:
-            piece = self.model.piece(t)
-            if slot.logprobs is not None and sampled is not None:
-                slot.logprobs.append(self._logprob_entry(t, piece, sampled))
-            slot.add_token(t, piece)
-        self.stats.generated_tokens += 1 + len(forced)
-        if slot.hit_stop(before):
-            if slot.guide is not None and not slot.guide.is_done():
-                return self._finish(
-                    slot,
-                    FinishReason.ERROR,
-                    error="a stop string cut the structured output before the grammar completed; "
-                    "the partial text does not conform",
-                    error_type="generation_failed",
-                )
-            return self._finish(slot, FinishReason.STOP)
-        if slot.guide is not None and slot.guide.is_done():
-            return self._finish(slot, FinishReason.STOP)
-        if len(slot.generated) >= params.max_tokens or slot.n_past + 1 + len(forced) > self.model.slot_ctx:
-            return self._finish(slot, FinishReason.LENGTH)
-        slot.pending = [token, *forced]
-        slot.state = SlotState.DECODE
-        return slot.take_delta(final=False) if slot.request.stream else None
-
-    def _logprob_entry(self, token: int, piece: bytes, sample) -> TokenLogprob:
-        top = []
-        for tid, lp in sample.top:
-            p = self.model.piece(tid)
-            top.append({"token_id": tid, "token": p.decode("utf-8", "replace"), "bytes": list(p), "logprob": lp})
-        return TokenLogprob(token, piece.decode("utf-8", "replace"), list(piece), sample.logprob, top)
-
-    def _finish(
-        self, slot: Slot, reason: FinishReason, *, error: str | None = None, error_type: str | None = None
-    ) -> EngineOutput:
+    def _finish(self, slot: Slot, finish: Finish) -> EngineOutput:
+        reason, error, error_type = finish.reason, finish.error, finish.error_type
         now = time.monotonic()
         first = slot.first_token_at or now
         n_gen = len(slot.generated)

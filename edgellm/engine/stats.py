@@ -1,0 +1,30 @@
+"""Counters of the engine's step loop, reported with each PONG (the node's /status and /metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepStats:
+    steps: int = 0
+    decode_s: float = 0.0
+    guide_s: float = 0.0  # mask fill + apply + advance, all slots
+    sample_s: float = 0.0
+    prompt_tokens: int = 0  # prompt tokens decoded
+    reused_tokens: int = 0  # prompt tokens skipped thanks to a cached prefix
+    generated_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        per = max(1, self.steps)
+        return {
+            "steps": self.steps,
+            "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
+            "generated_tokens": self.generated_tokens,
+            "decode_ms_per_step": 1000 * self.decode_s / per,
+            "guide_ms_per_step": 1000 * self.guide_s / per,
+            "sample_ms_per_step": 1000 * self.sample_s / per,
+            "finished": dict(self.finished),
+        }

@@ -1,0 +1,59 @@
+"""What one engine step decodes: a pure function of the slots' states (vLLM v1's SchedulerOutput).
+
+`schedule(slots, n_batch)` decides, without touching llama.cpp, which tokens each slot feeds this
+step: every generating slot its pending tokens (the last sampled one plus grammar-forced ones),
+then prompt chunks of prefilling slots, in slot order, until the batch budget is spent. The
+scheduler decodes the plan and applies the outcome (`Scheduler.update_from_output`). Speculative
+decoding will add draft tokens here, as more pending tokens of a decoding slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from edgellm.engine.slot import Slot, SlotState
+
+
+@dataclass
+class StepPlan:
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    want_logits: list[bool] = field(default_factory=list)
+    sampled: list[Slot] = field(default_factory=list)  # slots whose logits row is sampled, in row order
+    decoding: list[Slot] = field(default_factory=list)  # generating slots (their pending tokens are fed)
+    prefill: list[tuple[Slot, int]] = field(default_factory=list)  # (slot, prompt tokens fed this step)
+
+    @property
+    def empty(self) -> bool:
+        return not self.tokens
+
+    def _feed(self, slot: Slot, tokens: Sequence[int], first_pos: int, logits_for_last: bool) -> None:
+        n = len(tokens)
+        self.tokens += tokens
+        self.positions += range(first_pos, first_pos + n)
+        self.seq_ids += [slot.seq_id] * n
+        self.want_logits += [False] * (n - 1) + [logits_for_last]
+
+
+def schedule(slots: Sequence[Slot], n_batch: int) -> StepPlan:
+    """The next step's batch: decoding slots first (latency), then prompt chunks up to `n_batch`."""
+    plan = StepPlan()
+    for slot in slots:
+        if slot.state is SlotState.DECODE:
+            plan._feed(slot, slot.pending, slot.n_past, True)
+            plan.sampled.append(slot)
+            plan.decoding.append(slot)
+    budget = n_batch - len(plan.tokens)
+    for slot in slots:
+        if slot.state is not SlotState.PREFILL or budget <= 0:
+            continue
+        chunk = slot.prompt[slot.n_prefilled : slot.n_prefilled + budget]
+        done = slot.n_prefilled + len(chunk) == len(slot.prompt)
+        plan._feed(slot, chunk, slot.n_prefilled, done)  # the prompt's last token gives the first logits
+        if done:
+            plan.sampled.append(slot)
+        plan.prefill.append((slot, len(chunk)))
+        budget -= len(chunk)
+    return plan

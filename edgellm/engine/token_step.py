@@ -1,0 +1,119 @@
+"""One slot's turn after a decode: penalties, grammar mask, sampling, forced tokens, stop checks.
+
+Kept out of the scheduler (which only plans steps and moves slots between states) so the choice of
+the next token(s) is one unit: speculative decoding will verify drafts through the same path.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgellm.engine.guide_llguidance import GuideBackend
+from edgellm.engine.model import LlamaModel
+from edgellm.engine.sampler import NEG_INF, Sample, apply_penalties, sample_row
+from edgellm.engine.slot import Slot
+from edgellm.engine.stats import StepStats
+from edgellm.engine.types import FinishReason, TokenLogprob
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Why a slot's request ends after this step."""
+
+    reason: FinishReason
+    error: str | None = None
+    error_type: str | None = None
+
+
+class TokenStep:
+    def __init__(self, model: LlamaModel, guides: GuideBackend, stats: StepStats, n_slots: int):
+        self.model = model
+        self.guides = guides
+        self.stats = stats
+        # Every slot's feed (sampled + forced tokens) must fit in one batch next step.
+        self.max_feed = max(1, model.n_batch // n_slots)
+
+    def advance(self, slot: Slot, row: np.ndarray, r: int) -> Finish | None:
+        """Pick the slot's next token(s) from its logits row `row` (bitmask row `r`); None = continue."""
+        params = slot.request.sampling
+        t0 = time.perf_counter()
+        apply_penalties(row, params, slot.history, slot.generated)
+        if slot.guide is not None:
+            g0 = time.perf_counter()
+            slot.guide.fill_mask(self.guides.bitmask, r)
+            allowed = self.guides.allowed(r)
+            self.stats.guide_s += time.perf_counter() - g0
+            if not allowed.any():
+                why = slot.guide.error() or "no token allowed"
+                return Finish(FinishReason.ERROR, f"guided decoding reached a dead end ({why})", "generation_failed")
+            row[~allowed] = NEG_INF
+        sample = sample_row(row, params, len(slot.generated))
+        self.stats.sample_s += time.perf_counter() - t0
+        token = sample.token
+        if slot.first_token_at is None:
+            slot.first_token_at = time.monotonic()
+        if self.model.is_eog(token):
+            return Finish(FinishReason.STOP)
+        if slot.guide is not None:
+            g0 = time.perf_counter()
+            ok = slot.guide.accept(token)
+            self.stats.guide_s += time.perf_counter() - g0
+            if not ok:
+                return Finish(
+                    FinishReason.ERROR, f"guide rejected token {token}: {slot.guide.error()}", "generation_failed"
+                )
+        forced = self._forced_tokens(slot)
+        before = len(slot.data)
+        for t, sampled in [(token, sample), *((t, None) for t in forced)]:
+            piece = self.model.piece(t)
+            if slot.logprobs is not None and sampled is not None:
+                slot.logprobs.append(self._logprob_entry(t, piece, sampled))
+            slot.add_token(t, piece)
+        self.stats.generated_tokens += 1 + len(forced)
+        if slot.hit_stop(before):
+            if slot.guide is not None and not slot.guide.is_done():
+                return Finish(
+                    FinishReason.ERROR,
+                    "a stop string cut the structured output before the grammar completed; "
+                    "the partial text does not conform",
+                    "generation_failed",
+                )
+            return Finish(FinishReason.STOP)
+        if slot.guide is not None and slot.guide.is_done():
+            return Finish(FinishReason.STOP)
+        if len(slot.generated) >= params.max_tokens or slot.n_past + 1 + len(forced) > self.model.slot_ctx:
+            return Finish(FinishReason.LENGTH)
+        slot.pending = [token, *forced]
+        return None
+
+    def _forced_tokens(self, slot: Slot) -> list[int]:
+        """Tokens the grammar allows no alternative to, fed together next step instead of one step each.
+
+        With logprobs asked for, every token is sampled so that each one has honest logprobs.
+        """
+        params = slot.request.sampling
+        if slot.guide is None or params.num_logprobs > 0:
+            return []
+        g0 = time.perf_counter()
+        room = min(
+            params.max_tokens - len(slot.generated) - 1,
+            self.model.slot_ctx - slot.n_past - 2,
+            self.max_feed - 1,
+        )
+        forced: list[int] = []
+        for t in slot.guide.forced_tokens()[: max(0, room)]:
+            if self.model.is_eog(t) or not slot.guide.accept(t):
+                break
+            forced.append(t)
+        self.stats.guide_s += time.perf_counter() - g0
+        return forced
+
+    def _logprob_entry(self, token: int, piece: bytes, sample: Sample) -> TokenLogprob:
+        top = []
+        for tid, lp in sample.top:
+            p = self.model.piece(tid)
+            top.append({"token_id": tid, "token": p.decode("utf-8", "replace"), "bytes": list(p), "logprob": lp})
+        return TokenLogprob(token, piece.decode("utf-8", "replace"), list(piece), sample.logprob, top)
