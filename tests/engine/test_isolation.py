@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from edgellm.engine.types import EngineRequest, FinishReason, SamplingParams
@@ -116,3 +118,54 @@ def test_a_huge_prompt_is_prepared_off_the_step_loop_and_refused_early(engine):
         outs.update({o.request_id: o for o in step_when_prepared(s) if o.finished})
     assert outs["huge"].error_type == "invalid_request" and "stopped counting at message" in outs["huge"].error
     assert outs["bystander"].error is None and outs["bystander"].completion_tokens == 64
+
+
+def test_memory_that_cannot_drop_a_suffix_reprocesses_the_prompt(engine):
+    """Defect 15: recurrent/hybrid/sliding-window memory cannot keep [0, n) and drop the rest. The
+    flag the model derives from llama.cpp is forced here (the bundled model is a plain transformer):
+    reuse must then fall back to a full prefill, with the same text, instead of a position gap."""
+    s = engine.scheduler
+    model = s.model
+    shared = "You are a helpful assistant that answers in one short sentence. "
+    first = req("pfx1", shared + "What is the sun?", temperature=0.0, max_tokens=24)
+    second = req("pfx2", shared + "What is the moon?", temperature=0.0, max_tokens=24)
+    engine.one(first)
+    reused_before = s.stats.reused_tokens
+    with_reuse = engine.one(second)
+    assert s.stats.reused_tokens > reused_before  # the plain model does reuse the shared prefix
+    model.partial_trim = False
+    try:
+        engine.one(req("pfx1b", shared + "What is the sun?", temperature=0.0, max_tokens=24))
+        reused_before = s.stats.reused_tokens
+        without = engine.one(req("pfx2b", shared + "What is the moon?", temperature=0.0, max_tokens=24))
+        assert s.stats.reused_tokens == reused_before
+        assert not model.trim_sequence(0, 5) and model.trim_sequence(0, 0)
+    finally:
+        model.partial_trim = True
+    assert without.text == with_reuse.text and without.error is None
+
+
+def test_an_idle_worker_does_not_spin_while_a_request_is_prepared(engine):
+    """Defect 16: with only requests in preparation (a grammar compiling), can_step() is False, so
+    the worker sleeps on its pipe instead of calling step() in a busy loop. Preparation is held at
+    an exact point by wrapping the real chat_tokens with an event."""
+    s = engine.scheduler
+    model = s.model
+    gate = threading.Event()
+    real = model.chat_tokens
+
+    def held(messages, **kw):
+        gate.wait(10)
+        return real(messages, **kw)
+
+    model.chat_tokens = held
+    try:
+        s.add_request(req("held", temperature=0.0, max_tokens=16))
+        assert s.has_work() and not s.can_step()
+        gate.set()
+        s.wait_prepared(10)
+        assert s.can_step()
+    finally:
+        model.chat_tokens = real
+    outs = engine.run([])  # drain
+    assert outs["held"].error is None and not s.has_work()
