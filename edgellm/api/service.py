@@ -219,7 +219,8 @@ class Service:
                 self._waiters[request_id] = asyncio.get_running_loop().create_future()
             if stream:
                 self._streams[request_id] = asyncio.Queue()
-            self._dispatch(request_id, request, seed, stream=stream, created_at=time.time())
+            # The pipe send can block while the worker is mid-step: keep it off the event loop.
+            await asyncio.to_thread(self._dispatch, request_id, request, seed, stream=stream, created_at=time.time())
         finally:
             with self._lock:
                 self._registering -= 1

@@ -17,6 +17,7 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from edgellm.engine.config import ModelConfig
 from edgellm.errors import EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -30,18 +31,6 @@ CHATML_TEMPLATE = (
 _backend_ready = False
 # Placeholders for message content while the chat template renders (Unicode private-use marks).
 _PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    path: str
-    n_ctx: int = 8192  # total KV cells, split evenly across slots
-    n_slots: int = 8
-    n_batch: int = 512
-    n_threads: int = 0  # 0 = all free cores
-    n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
-    flash_attn: bool = True
-    kv_cache_type: str = "f16"  # or "q8_0": half the KV memory (needs flash attention for V)
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,11 @@ from edgellm.runtime.gpu_memory import gpu_memory
 from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_body
 from edgellm.runtime.http_common import authenticate as authenticate_request
 from edgellm.runtime.http_guard import Drain, GuardConfig, HttpGuard, remember_request_id
+from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.openai_routes import add_openai_routes
 from edgellm.runtime.prometheus import prometheus_text
 from edgellm.runtime.settings import Settings
 from edgellm.runtime.supervisor import WorkerEngine
-from edgellm.runtime.worker import WorkerConfig
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from edgellm.engine.config import ModelConfig
+
 
 class MsgKind(StrEnum):
     # API process -> worker
@@ -24,3 +26,11 @@ class MsgKind(StrEnum):
 class Message:
     kind: MsgKind
     payload: Any = None
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: ModelConfig
+    max_waiting: int = 64
+    log_level: str = "INFO"
+    force_gpu_failure: bool = False  # test hook: pretend the GPU load ran out of memory

@@ -26,7 +26,7 @@ from pydantic_settings import (
 )
 
 from edgellm.api.envelope import ResponseMode
-from edgellm.engine.model import ModelConfig
+from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError
 
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -19,12 +19,19 @@ from typing import Any
 
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable
-from edgellm.runtime.ipc import Message, MsgKind
-from edgellm.runtime.worker import WorkerConfig, run_worker
+from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first run plus one retry after a worker crash
+
+
+def _worker_main(config: WorkerConfig, conn) -> None:
+    """The spawned process's entry point. llama.cpp is imported here, in the worker, never in the API
+    process (which would pay its memory for nothing and could crash with it)."""
+    from edgellm.runtime.worker import run_worker
+
+    run_worker(config, conn)
 
 
 class EngineState(StrEnum):
@@ -87,7 +94,9 @@ class WorkerEngine:
     def _spawn(self) -> None:
         """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message)."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=run_worker, args=(self.config, child_conn), name="edgellm-engine", daemon=True)
+        proc = self._ctx.Process(
+            target=_worker_main, args=(self.config, child_conn), name="edgellm-engine", daemon=True
+        )
         proc.start()
         child_conn.close()
         deadline = time.monotonic() + self.ready_timeout_s
@@ -269,8 +278,11 @@ class WorkerEngine:
             self.last_error = f"engine worker died (exit code {code}); restarting"
             self.restarts += 1
             self._conn = None
+            self._proc = None
         if conn is not None:
             conn.close()  # else each restart leaks the old pipe's descriptor
+        if proc is not None and proc.exitcode is not None:
+            proc.close()  # and the dead process's sentinel
         log.error("engine worker died (exit code %s); %d request(s) in flight; restarting", code, len(self._inflight))
         backoff = 0.5
         while not self._stopping.is_set():

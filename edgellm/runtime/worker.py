@@ -9,23 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from multiprocessing.connection import Connection
 
-from edgellm.engine.model import LlamaModel, ModelConfig
+from edgellm.engine.model import LlamaModel
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.types import EngineRequest, SamplingParams
-from edgellm.runtime.ipc import Message, MsgKind
+from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
 
 log = logging.getLogger("edgellm.worker")
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    model: ModelConfig
-    max_waiting: int = 64
-    log_level: str = "INFO"
-    force_gpu_failure: bool = False  # test hook: pretend the GPU load ran out of memory
 
 
 # Outside the request-id space (ids are [A-Za-z0-9._:-]), so no client request can be mistaken for it.

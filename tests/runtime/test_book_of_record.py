@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tests.conftest import chat
@@ -99,3 +102,33 @@ def test_restart_recovery_leaves_requests_of_the_new_boot_alone(tmp_path):
                 assert done["status"] == "completed" and done["attempts"] == 2, done
     finally:
         second.stop()
+
+
+def _ipc_descriptors(pid: int) -> int:
+    """Pipes and Unix sockets held by a process: the worker pipe and process sentinels, not HTTP sockets."""
+    unix = {line.split()[6] for line in open("/proc/net/unix").read().splitlines()[1:] if len(line.split()) > 6}
+    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    return sum(1 for link in links if link.startswith("pipe:") or link[8:-1] in unix)
+
+
+def test_worker_restarts_do_not_leak_descriptors(tmp_path):
+    """Defect 17: each restart must release the dead worker's pipe and process sentinel."""
+    node = NodeProcess(tmp_path).start()
+    try:
+        counts = []
+        for _ in range(4):
+            old = node.worker_pid()
+            os.kill(old, signal.SIGKILL)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with node.client() as c:
+                    health = c.get("/health")
+                if health.status_code == 200 and health.json()["result"]["engine"]["worker_pid"] != old:
+                    break
+                time.sleep(0.2)
+            counts.append(_ipc_descriptors(node.proc.pid))
+        assert counts[-1] <= counts[0], counts
+        with node.client() as c:
+            assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
+    finally:
+        node.stop()

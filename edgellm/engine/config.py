@@ -1,0 +1,18 @@
+"""How to load the model and size its context: plain data, importable without llama.cpp (the API
+process builds it from the settings and hands it to the worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    n_ctx: int = 8192  # total KV cells, split evenly across slots
+    n_slots: int = 8
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = all free cores
+    n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
+    flash_attn: bool = True
+    kv_cache_type: str = "f16"  # or "q8_0": half the KV memory (needs flash attention for V)
