@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import sqlite3
@@ -45,6 +46,35 @@ def test_notifier_messages(notify_socket):
         {"READY": "1", "STATUS": "serving x"},
         {"STOPPING": "1", "STATUS": "stopping: finishing in-flight requests"},
     ]
+
+
+@pytest.mark.parametrize("check", ["ok", "fails", "raises", "hangs", "wedged loop"])
+def test_watchdog_pings_only_after_a_passing_check_on_a_live_loop(notify_socket, check):
+    """Defect 16: pings come from the event loop after a real check; a failing or hanging check, or a
+    loop blocked by a synchronous call, goes silent so systemd restarts the node."""
+    path, sock = notify_socket
+    n = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"})  # pings every 0.5 s
+
+    async def healthy() -> bool:
+        if check == "raises":
+            raise RuntimeError("registry unreadable")
+        if check == "hangs":
+            await asyncio.sleep(10)
+        return check != "fails"
+
+    async def run() -> None:
+        task = asyncio.create_task(n.watchdog(healthy))
+        if check == "wedged loop":
+            await asyncio.sleep(0)
+            time.sleep(1.6)  # a synchronous call holding the loop: no ping can be sent meanwhile
+        else:
+            await asyncio.sleep(1.6)
+        n.stopping()
+        task.cancel()
+
+    asyncio.run(run())
+    pings = [m for m in receive(sock, 0.3) if m.get("WATCHDOG") == "1"]
+    assert (len(pings) >= 2) if check == "ok" else (pings == [])
 
 
 def test_notifier_is_a_noop_without_systemd():
