@@ -150,6 +150,10 @@ class Registry:
         """A zero-byte registry is a damaged one (every record gone), not a new one: keep it, say so."""
         if not self.path.exists() or self.path.stat().st_size > 0:
             return
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            log.warning("registry %s is empty but its WAL is not; letting SQLite recover from the WAL", self.path)
+            return
         stamp = time.strftime("%Y%m%dT%H%M%S")
         kept = self.path.with_name(f"{self.path.name}.zero-byte-{stamp}")
         for suffix in ("", "-wal", "-shm"):
