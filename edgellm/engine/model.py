@@ -10,6 +10,7 @@ import ctypes
 import logging
 import os
 import re
+import secrets
 from dataclasses import dataclass
 
 import jinja2
@@ -29,8 +30,6 @@ CHATML_TEMPLATE = (
 )
 
 _backend_ready = False
-# Placeholders for message content while the chat template renders (Unicode private-use marks).
-_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
 
 
 @dataclass(frozen=True)
@@ -179,9 +178,11 @@ class LlamaModel:
         characters as text, not a forged role turn. Past `limit` tokens it stops with a 400 at once
         instead of tokenizing the rest of a prompt that cannot fit anyway.
         """
-        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        # Private-use marks with a per-call nonce: client text cannot contain (or fake) a placeholder.
+        nonce = secrets.token_hex(8)
+        marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
         rendered = self.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
-        parts = _PLACEHOLDER.split(rendered)
+        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
         # split() with one group gives [text, index, text, index, ..., text]
         indices = [int(i) for i in parts[1::2]]
         if sorted(indices) != list(range(len(messages))):
