@@ -35,6 +35,7 @@ SLOW_FILES = (
     "test_openai_route.py",
     "test_sdnotify.py",
     "test_book_of_record.py",
+    "test_fuzz_openapi.py",
 )
 
 
