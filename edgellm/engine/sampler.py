@@ -14,6 +14,8 @@ import numpy as np
 from edgellm.engine.types import SamplingParams
 
 NEG_INF = np.float32(-np.inf)
+FLT_MAX = np.finfo(np.float32).max
+FLT_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
 @dataclass
@@ -35,7 +37,11 @@ def apply_penalties(row: np.ndarray, params: SamplingParams, history: list[int],
     if params.repeat_penalty != 1.0 and history:
         recent = np.unique(np.asarray(history[-params.repeat_last_n :], dtype=np.int64))
         vals = row[recent]
-        row[recent] = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
+        # Any penalty > 0 is valid, 5e-324 included (0 in float32): a tiny one would push logits to
+        # +inf, and inf - inf is NaN in every softmax after this. Cap them at the largest finite value.
+        penalty = max(params.repeat_penalty, FLT_TINY)
+        with np.errstate(over="ignore"):
+            row[recent] = np.minimum(np.where(vals > 0, vals / penalty, vals * penalty), FLT_MAX)
     if (params.presence_penalty or params.frequency_penalty) and generated:
         ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
         row[ids] -= np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * counts
@@ -64,13 +70,20 @@ def sample_row(row: np.ndarray, params: SamplingParams, position: int) -> Sample
 
 
 def _draw(row: np.ndarray, params: SamplingParams, u: float) -> int:
-    scaled = row * np.float32(1.0 / params.temperature)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = row * np.float32(1.0 / params.temperature)
+    best = np.max(scaled)
+    if np.isnan(best) or best == np.inf:
+        # A temperature so small (valid down to any value > 0) that the scaled logits overflow:
+        # its limit is the greedy pick, which is what the caller asked for in effect.
+        return int(np.argmax(row))
     if 0 < params.top_k < scaled.shape[0]:
         cand = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
     else:
         # Tokens more than 30 nats below the best carry < 1e-13 of the mass each: dropping them
         # changes no draw that matters and keeps the work to a few thousand items.
-        cand = np.flatnonzero(scaled > np.max(scaled) - 30.0)
+        # `>=`: past ~1e9 (a tiny temperature) best - 30 == best in float32, and `>` would keep nothing.
+        cand = np.flatnonzero(scaled >= best - 30.0)
     logits = scaled[cand]
     probs = np.exp(logits - np.max(logits))
     probs /= probs.sum()
