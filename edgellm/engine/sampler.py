@@ -27,7 +27,10 @@ class Sample:
 
 def uniform_for(seed: int, position: int) -> float:
     """One uniform draw in [0, 1) keyed on (seed, absolute output position)."""
-    return float(np.random.Generator(np.random.Philox(key=[seed & 0xFFFFFFFFFFFFFFFF, position])).random())
+    # An explicit uint64 array: a list with a value >= 2^63 would go through float64 and lose bits,
+    # giving neighbouring u64 seeds the same stream.
+    key = np.array([seed & 0xFFFFFFFFFFFFFFFF, position], dtype=np.uint64)
+    return float(np.random.Generator(np.random.Philox(key=key)).random())
 
 
 def apply_penalties(row: np.ndarray, params: SamplingParams, history: list[int], generated: list[int]) -> None:
