@@ -127,6 +127,13 @@ def _batch_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _synth(args: argparse.Namespace) -> int:
+    """Exit 0 when OUTPUT holds COUNT valid records, 1 when fewer, 2 for unusable input, 130 on Ctrl-C."""
+    from edgellm.synth.cli import run_synth_command
+
+    return run_synth_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgellm", description="LLM inference node for edge devices")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         "a run refuses to start when OUTPUT.partial holds results)",
     )
     batch.set_defaults(func=_batch_run)
+
+    synth = sub.add_parser("synth", help="generate schema-valid synthetic JSON records through a node -> JSONL")
+    from edgellm.synth.cli import add_synth_arguments
+
+    add_synth_arguments(synth)
+    synth.set_defaults(func=_synth)
     return parser
 
 
