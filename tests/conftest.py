@@ -37,6 +37,7 @@ SLOW_FILES = (
     "test_sdnotify.py",
     "test_book_of_record.py",
     "test_fuzz_openapi.py",
+    "tests/synth/test_synth_node.py",
 )
 
 

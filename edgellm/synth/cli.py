@@ -89,6 +89,8 @@ def run_synth_command(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_dict()))
     if summary.error:
         print(f"edgellm synth: stopped: {summary.error}", file=sys.stderr)
+        if summary.last_failure and summary.last_failure not in summary.error:
+            print(f"edgellm synth: last failure: {summary.last_failure}", file=sys.stderr)
     if summary.interrupted:
         sys.stderr.flush()
         os._exit(130)  # do not wait for requests still in flight

@@ -88,6 +88,7 @@ class SynthProgress:
     failed: int  # requests that got no answer (after retries) or an error answer
     attempts: int  # attempts judged in this run
     elapsed_s: float
+    retried: int = 0  # HTTP requests sent again (429 with Retry-After, 502/503/504, connection never made)
 
     @property
     def records_per_min(self) -> float:
@@ -101,6 +102,7 @@ class SynthSummary(SynthProgress):
     error: str | None = None  # why the run stopped early
     refused: bool = False  # the node refused the request itself (bad schema/body/token): bad input
     interrupted: bool = False
+    last_failure: str | None = None  # the last failed request's error (or the last invalid answer's reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "records_per_min": round(self.records_per_min, 2)}
@@ -162,6 +164,8 @@ class _Client:
         self.opts = opts
         self.url = opts.endpoint.rstrip("/") + "/create_chat_completion"
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self.retried = 0
 
     def _session(self) -> requests.Session:
         s = getattr(self._local, "session", None)
@@ -192,6 +196,8 @@ class _Client:
             outcome, wait_s = self._attempt(body, attempt)
             if wait_s is None or attempt >= self.opts.retries or stop.wait(wait_s):
                 return outcome
+            with self._lock:
+                self.retried += 1
         return outcome  # pragma: no cover - the loop always returns
 
     def _attempt(self, body: dict[str, Any], attempt: int) -> tuple[_Outcome, float | None]:
@@ -254,6 +260,7 @@ def generate(
     def report() -> None:
         summary.elapsed_s = time.monotonic() - started
         summary.valid = state.valid
+        summary.retried = client.retried
         if on_progress is not None:
             on_progress(SynthProgress(**{k: getattr(summary, k) for k in SynthProgress.__dataclass_fields__}))
 
@@ -286,6 +293,7 @@ def generate(
                 outcome = results.pop(next_commit)
                 if outcome.kind == "failed":
                     summary.failed += 1
+                    summary.last_failure = outcome.error
                     failed_in_row += 1
                     state.append(next_commit, "failed")
                     if failed_in_row >= max_failed_in_row:
@@ -295,6 +303,7 @@ def generate(
                     record, _reason = checker.check(outcome.text) if outcome.kind == "answer" else (None, None)
                     if record is None:
                         summary.invalid += 1
+                        summary.last_failure = f"invalid record: {_reason or outcome.error}"
                         state.append(next_commit, "invalid")
                     elif canonical(record) in state.seen:
                         summary.duplicates += 1
