@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -142,3 +143,21 @@ def test_exit_2_when_the_node_refuses_the_schema(synth_node, tmp_path, schema, n
     rc, summary, err = synth(synth_node, path, tmp_path / "hostile.jsonl", 3)
     assert rc == 2, err
     assert needle in err and summary["refused"] and summary["valid"] == 0
+
+
+def test_the_plugin_bridge_runs_a_job_against_the_node(synth_node, tmp_path):
+    from extensions.business.synthetic_data.synth_bridge import SynthJob
+
+    config = {"SCHEMA": SCHEMA, "COUNT": 6, "API_PORT": synth_node.port, "CONCURRENCY": 2, "MAX_TOKENS": 96}
+    job = SynthJob(config, tmp_path, "synth__SYNTHETIC_DATA_GENERATOR__demo").start()
+    assert job.poll()["SYNTH_STATUS"] == "running"
+    job._thread.join(120)
+    final = job.poll()
+    assert final["SYNTH_STATUS"] == "done" and final["SYNTH_VALID"] == 6, final
+    rows = records(Path(final["SYNTH_OUTPUT_FILE"]))
+    assert len(rows) == 6 and len({canonical(r) for r in rows}) == 6
+    for row in rows:
+        jsonschema.validate(row, SCHEMA)
+    again = SynthJob(config, tmp_path, "synth__SYNTHETIC_DATA_GENERATOR__demo").start()  # a node restart
+    again._thread.join(60)
+    assert again.poll()["SYNTH_NEW_VALID"] == 0 and len(records(Path(final["SYNTH_OUTPUT_FILE"]))) == 6
