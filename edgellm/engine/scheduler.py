@@ -222,6 +222,10 @@ class Scheduler:
             if prepared is None:
                 return
             self.waiting.remove(prepared)
+            if prepared.future.exception() is not None:
+                # Its preparation failed after the check above (the prepare pool runs concurrently).
+                outputs.append(_preparation_failure(prepared))
+                continue
             prompt, guide = prepared.future.result()
             prepared.prompt = prompt
             # The idle slot whose cached tokens share the longest prefix with this prompt; at least

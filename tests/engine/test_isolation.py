@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from edgellm.engine.slot import PreparedRequest
 from edgellm.engine.types import EngineRequest, FinishReason, SamplingParams
-from edgellm.errors import EngineError
+from edgellm.errors import EngineError, InvalidRequest
 from tests.engine.conftest import req, step_when_prepared
 
 GOOD = [f"Name a colour, answer {i}." for i in range(8)]
@@ -172,3 +174,32 @@ def test_an_idle_worker_does_not_spin_while_a_request_is_prepared(engine):
         model.chat_tokens = real
     outs = engine.run([])  # drain
     assert outs["held"].error is None and not s.has_work()
+
+
+class _DoneOnSecondLook(Future):
+    """A preparation that fails between the scheduler's two looks at the queue in one step."""
+
+    def __init__(self):
+        super().__init__()
+        self.looks = 0
+
+    def done(self) -> bool:
+        self.looks += 1
+        return self.looks > 1 and super().done()
+
+
+def test_a_preparation_that_fails_during_admission_fails_only_its_request(engine):
+    """Found by the Ratio1 serving's drain test: the prepare pool finished a bad guide's compile after
+    _admit had dropped the failed ones and before it picked the next ready one; .result() raised out
+    of step() (in the native host: a worker crash)."""
+    future = _DoneOnSecondLook()
+    future.set_exception(InvalidRequest("late failure"))
+    engine.scheduler.waiting.append(PreparedRequest(req("late"), future))
+    (out,) = engine.scheduler.step()
+    assert (out.request_id, out.finished, out.error, out.error_type) == (
+        "late",
+        True,
+        "late failure",
+        "invalid_request",
+    )
+    assert not engine.scheduler.has_work()
