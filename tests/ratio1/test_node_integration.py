@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -79,6 +80,8 @@ def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
                         "N_SLOTS": 1,
                         "N_CTX": 512,
                     },
+                    # Anonymous on all interfaces: refused by the config check, answers 503 on loopback.
+                    {"INSTANCE_ID": "unsafe", "PORT": ports["unsafe"], "HOST": "0.0.0.0"},
                 ],
             }
         ],
@@ -97,7 +100,7 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
     workdir = tmp_path_factory.mktemp("ratio1-node")
     broken = workdir / "not-a-model.gguf"
     broken.write_bytes(b"this is not a GGUF file\n" * 64)
-    ports = {name: free_port() for name in ("wrapped", "raw", "auth", "broken")}
+    ports = {name: free_port() for name in ("wrapped", "raw", "auth", "broken", "unsafe")}
     node = Ratio1Node(
         NodeOptions(
             python=python,
@@ -114,6 +117,7 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
         node.wait_http(by_id["raw"], timeout_s=120)
         node.wait_http(by_id["auth"], timeout_s=120)
         node.wait_http(by_id["broken"], timeout_s=120, ok=(503,))
+        node.wait_http(by_id["unsafe"], timeout_s=120, ok=(503,))
         yield node
     finally:
         node.stop()
@@ -319,6 +323,34 @@ def test_an_engine_failure_answers_at_once(ratio1_node):
         r = c.post("/create_chat_completion", json=chat(max_tokens=16))
         assert time.monotonic() - t0 < 5
         assert r.status_code == 503 and r.json()["result"]["error_type"] == "engine_unavailable"
+
+
+def outbound_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") else addr
+
+
+def test_an_unsafe_instance_config_is_refused_not_served(ratio1_node):
+    port = next(i.port for i in ratio1_node.instances if i.instance_id == "unsafe")
+    r = httpx.post(f"http://127.0.0.1:{port}/create_chat_completion", json=chat(max_tokens=16), timeout=30)
+    assert r.status_code == 503
+    assert "non-loopback" in r.json()["result"]["error"]
+    addr = outbound_address()
+    if addr:  # the node's uvicorn bound loopback, not 0.0.0.0: another address of this machine does not answer
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://{addr}:{port}/health", timeout=5)
+
+
+def test_a_body_over_the_limit_is_413(client):
+    big = b"x" * (2 * 1024 * 1024)
+    r = client.post("/create_chat_completion", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["result"]["error_type"] == "payload_too_large"
 
 
 def test_timed_out_records_are_evicted_after_the_ttl(raw_client):
