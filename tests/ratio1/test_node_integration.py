@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -50,9 +51,19 @@ def chat(content: str = "Say hello.", **fields) -> dict:
     return {"messages": [{"role": "user", "content": content}], **fields}
 
 
+SYNTH_COUNT = 8
+SYNTH_EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "ratio1" / "examples" / "synthetic_data.json"
+
+
 def extra_pipelines(ports: dict[str, int], workdir: Path) -> list[dict]:
     """Pipelines other tests add to the shared node (e.g. a client plugin of LLM_INFERENCE_API)."""
-    return []
+    # The shipped SYNTHETIC_DATA_GENERATOR example, a client of the RAW instance (its own engine: the
+    # wrapped instance's tests do not share slots with it), made small.
+    synth = json.loads(SYNTH_EXAMPLE.read_text())
+    synth["PLUGINS"][0]["INSTANCES"][0].update(
+        API_PORT=ports["raw"], COUNT=SYNTH_COUNT, CONCURRENCY=2, MAX_TOKENS=96, PROGRESS_INTERVAL=1
+    )
+    return [synth]
 
 
 def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
@@ -383,3 +394,30 @@ def test_openai_client_through_the_node(ratio1_node):
     )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == done.choices[0].message.content
+
+
+# -- the SYNTHETIC_DATA_GENERATOR user plugin (plugins/business), a client of LLM_INFERENCE_API -----
+def test_synthetic_data_plugin_writes_schema_valid_records(ratio1_node):
+    example = json.loads(SYNTH_EXAMPLE.read_text())["PLUGINS"][0]["INSTANCES"][0]
+    out = ratio1_node.output_dir / "synthetic_data" / example["OUTPUT_FILE"]
+    deadline = time.monotonic() + 300
+    while not (out.exists() and len(out.read_text().splitlines()) >= SYNTH_COUNT):
+        assert time.monotonic() < deadline, (
+            f"{out}: not {SYNTH_COUNT} records in time\n{ratio1_node.log_path.read_text()[-3000:]}"
+        )
+        time.sleep(1)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == SYNTH_COUNT
+    for row in rows:
+        jsonschema.validate(row, example["SCHEMA"])
+    assert len({json.dumps(r, sort_keys=True) for r in rows}) == SYNTH_COUNT
+    # its progress payloads (logged by the plugin as it sends them) end with "done"
+    deadline = time.monotonic() + 30
+    while "'SYNTH_STATUS': 'done'" not in ratio1_node.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "no 'done' payload from the synthetic data plugin"
+        time.sleep(0.5)
+    done = [
+        ln for ln in ratio1_node.log_path.read_text(errors="replace").splitlines() if "'SYNTH_STATUS': 'done'" in ln
+    ]
+    rate = re.search(r"'SYNTH_RECORDS_PER_MIN': ([0-9.]+)", done[-1])
+    print(f"\nsynthetic data plugin through the Ratio1 node: {rate.group(1) if rate else '?'} valid records/min")

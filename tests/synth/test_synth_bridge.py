@@ -99,9 +99,13 @@ def test_poll_reports_state_changes_at_once_and_progress_at_most_every_interval(
 def test_a_dead_endpoint_ends_in_failed_with_the_reason(tmp_path):
     from tests.nodeproc import free_port
 
-    config = {"SCHEMA": SCHEMA, "COUNT": 2, "API_PORT": free_port(), "MAX_ATTEMPTS": 1}
+    config = {"SCHEMA": SCHEMA, "COUNT": 2, "API_PORT": free_port(), "API_WAIT": 2}
     job = SynthJob(config, tmp_path, "p").start()
+    assert job.poll()["SYNTH_STATUS"] == "waiting_for_api"
     job._thread.join(30)
     fields = job.poll()
-    assert fields["SYNTH_STATUS"] == "failed" and fields["SYNTH_FAILED"] == 1 and fields["SYNTH_VALID"] == 0
+    assert fields["SYNTH_STATUS"] == "failed" and "did not answer 200 within 2 s" in fields["SYNTH_ERROR"]
     assert Path(fields["SYNTH_OUTPUT_FILE"]).parent == (tmp_path / "synthetic_data").resolve()
+    stopped = SynthJob({**config, "API_WAIT": 60}, tmp_path, "p").start()
+    stopped.stop()  # the node closing the plugin ends the wait at once
+    assert stopped.state == "stopped"

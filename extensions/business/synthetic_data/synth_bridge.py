@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from edgellm.synth.generator import SynthOptions, SynthProgress, SynthSummary, generate
 from edgellm.synth.schema import SynthInputError, check_schema
 
@@ -34,6 +36,7 @@ PLUGIN_DEFAULTS: dict[str, Any] = {
     "REQUEST_TIMEOUT": 600,  # seconds per request
     "MAX_ATTEMPTS": None,  # None: 3 x COUNT
     "PROGRESS_INTERVAL": 5,  # seconds between progress payloads while running
+    "API_WAIT": 600,  # seconds to wait for the API's GET /health to answer 200 (it starts after the plugins)
 }
 SUBFOLDER = "synthetic_data"
 
@@ -101,6 +104,8 @@ class SynthJob:
         self._last_sent_at = 0.0
         cfg = {str(k).upper(): v for k, v in config.items()}
         self.interval = float(cfg.get("PROGRESS_INTERVAL") or PLUGIN_DEFAULTS["PROGRESS_INTERVAL"])
+        wait_s = cfg.get("API_WAIT")
+        self.api_wait_s = float(PLUGIN_DEFAULTS["API_WAIT"] if wait_s is None else wait_s)
         self.path: Path | None = None
         try:
             self.schema, self.opts = options_from_config(cfg)
@@ -110,7 +115,7 @@ class SynthJob:
 
     def start(self) -> SynthJob:
         if self.state == "starting":
-            self.state = "running"
+            self.state = "waiting_for_api"
             self._thread = threading.Thread(target=self._run, name="synth-job", daemon=True)
             self._thread.start()
         return self
@@ -119,7 +124,28 @@ class SynthJob:
         with self._lock:
             self.progress = progress
 
+    def _wait_for_api(self) -> bool:
+        """True once GET /health answers 200: on a node the API plugin comes up well after this one."""
+        deadline = time.monotonic() + self.api_wait_s
+        headers = {"Authorization": f"Bearer {self.opts.token}"} if self.opts.token else {}
+        while True:
+            try:
+                if requests.get(self.opts.endpoint + "/health", headers=headers, timeout=5).status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            if time.monotonic() >= deadline or self._stop.wait(1.0):
+                return False
+
     def _run(self) -> None:
+        if not self._wait_for_api():
+            if not self._stop.is_set():
+                self.state = "failed"
+                self.error = f"{self.opts.endpoint}/health did not answer 200 within {self.api_wait_s:g} s"
+            else:
+                self.state = "stopped"
+            return
+        self.state = "running"
         try:
             summary = generate(self.schema, self.path, self.opts, on_progress=self._on_progress, stop=self._stop)
         except SynthInputError as exc:

@@ -8,7 +8,7 @@ out in a payload (SYNTH_STATUS, SYNTH_VALID, SYNTH_INVALID, SYNTH_DUPLICATES, SY
 
 Config: SCHEMA (required), PROMPT_TEMPLATE, COUNT, TEMPERATURE, SEED, MAX_TOKENS, CONCURRENCY,
 API_HOST, API_PORT (the LLM_INFERENCE_API instance's PORT), TOKEN, OUTPUT_FILE, REQUEST_TIMEOUT,
-MAX_ATTEMPTS, PROGRESS_INTERVAL. Run it in a "Void" pipeline.
+MAX_ATTEMPTS, PROGRESS_INTERVAL, API_WAIT (s to wait for the API's /health). Run it in a "Void" pipeline.
 """
 
 from naeural_core.business.base import BasePluginExecutor as BasePlugin
@@ -47,6 +47,7 @@ class SyntheticDataGeneratorPlugin(BasePlugin):
             "REQUEST_TIMEOUT": self.cfg_request_timeout,
             "MAX_ATTEMPTS": self.cfg_max_attempts,
             "PROGRESS_INTERVAL": self.cfg_progress_interval,
+            "API_WAIT": self.cfg_api_wait,
         }
         self.job = SynthJob(config, self.get_output_folder(), self.plugin_id).start()
         self.P(f"synthetic data: {self.job.state}, output {self.job.path}, error {self.job.error}")
