@@ -63,11 +63,11 @@ def payload_body(payload: Any) -> dict[str, Any]:
     not a parameter; a null is "not given" (the API plugin forwards unset optionals as None); a
     `guided_decoding` that only repeats what `response_format` says (a stored params_dict) is dropped.
     """
-    if not isinstance(payload, dict):
-        raise InvalidRequest(f"payload must be an object, got {type(payload).__name__}")
-    content = payload.get(CONTENT_KEY, payload)
-    if not isinstance(content, dict):
-        raise InvalidRequest(f"{CONTENT_KEY} must be an object, got {type(content).__name__}")
+    content = _content(payload)
+    if content is None:
+        raise InvalidRequest(
+            f"payload must be an object with {CONTENT_KEY} (or MESSAGES), got {type(payload).__name__}"
+        )
     body: dict[str, Any] = {}
     for key, value in content.items():
         if not isinstance(key, str) or key.upper() == REQUEST_TYPE_KEY or value is None:
@@ -80,6 +80,17 @@ def payload_body(payload: Any) -> dict[str, Any]:
     if "guided_decoding" in body and "response_format" in body and _same_guide(body):
         body.pop("guided_decoding")
     return body
+
+
+def _content(payload: Any) -> dict[str, Any] | None:
+    """The request fields of a payload: its JEEVES_CONTENT, or the payload itself when it is flat (has
+    MESSAGES); None for anything else (e.g. a status payload another plugin put on the same queue)."""
+    if not isinstance(payload, dict):
+        return None
+    if CONTENT_KEY in payload:
+        content = payload[CONTENT_KEY]
+        return content if isinstance(content, dict) else None
+    return payload if any(isinstance(k, str) and k.upper() == "MESSAGES" for k in payload) else None
 
 
 def _same_guide(body: dict[str, Any]) -> bool:
@@ -97,8 +108,8 @@ def _same_guide(body: dict[str, Any]) -> bool:
 
 def payload_request_id(payload: Any) -> str | None:
     """The REQUEST_ID a payload carries (even an invalid one), so its answer can be matched."""
-    content = payload.get(CONTENT_KEY, payload) if isinstance(payload, dict) else None
-    if not isinstance(content, dict):
+    content = _content(payload)
+    if content is None:
         return None
     for key in ("REQUEST_ID", "request_id"):
         value = content.get(key)
@@ -109,8 +120,8 @@ def payload_request_id(payload: Any) -> str | None:
 
 def is_llm_payload(payload: Any, request_types: tuple[str, ...] = ("LLM",)) -> bool:
     """Upstream's relevance rule: a JEEVES_CONTENT (or flat) dict whose REQUEST_TYPE, if any, is ours."""
-    content = payload.get(CONTENT_KEY, payload) if isinstance(payload, dict) else None
-    if not isinstance(content, dict) or not content:
+    content = _content(payload)
+    if not content:
         return False
     rtype = next((v for k, v in content.items() if isinstance(k, str) and k.upper() == REQUEST_TYPE_KEY), None)
     return rtype is None or (isinstance(rtype, str) and rtype.upper() in request_types)

@@ -90,11 +90,13 @@ def test_an_invalid_payload_among_valid_ones_is_answered_at_once_with_its_status
         payload("bad-schema", RESPONSE_FORMAT={"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}),
         choice("ok-3", "yellow"),
         "not a dict",
+        {"EE_EVENT_TYPE": "STATUS", "STATUS": "running"},  # another payload on the same loopback queue
+        {**choice("flat", "purple")["JEEVES_CONTENT"]},  # a flat payload (no JEEVES_CONTENT) is accepted
     ]
     answers = run(engine, payloads)
     assert len(answers) == len(payloads)
     ok = {a["REQUEST_ID"]: a["text"] for a in answers if a["IS_VALID"]}
-    assert ok == {"ok-1": "red", "ok-2": "green", "ok-3": "yellow"}
+    assert ok == {"ok-1": "red", "ok-2": "green", "ok-3": "yellow", "flat": "purple"}
     failed = [(a["REQUEST_ID"], a["STATUS_CODE"], a["ERROR_TYPE"]) for a in answers if not a["IS_VALID"]]
     assert failed == [
         ("bad-temp", 400, "invalid_request"),
@@ -106,7 +108,9 @@ def test_an_invalid_payload_among_valid_ones_is_answered_at_once_with_its_status
         ("bad-bias", 400, "invalid_request"),
         ("bad-schema", 400, "invalid_guide"),
         (None, 400, "invalid_request"),
+        (None, 400, "invalid_request"),
     ]
+    assert "not an LLM request" in answers[-2]["ERROR"]
     by_id = {a["REQUEST_ID"]: a for a in answers if not a["IS_VALID"]}
     assert "temperature must be in [0, 1.5]" in by_id["bad-temp"]["ERROR"]
     assert "CONTEXT" not in by_id["bad-field"]["ERROR"] and "context" in by_id["bad-field"]["ERROR"]
@@ -164,18 +168,24 @@ def test_json_schema_payload_validates(engine):
 
 def test_stored_params_with_response_format_and_its_guide_are_accepted(engine):
     """A params_dict() sent upper-cased carries both response_format and the guided_decoding it implies."""
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     p = payload(
         "stored",
         "Answer as JSON.",
         RESPONSE_FORMAT={"type": "json_object", "schema": schema},
         GUIDED_DECODING={"json_schema": schema},
         SEED=None,
+        TEMPERATURE=0,
         TIMEOUT=600.0,
-        MAX_TOKENS=32,
+        MAX_TOKENS=64,
     )
     (a,) = run(engine, [p])
-    assert a["IS_VALID"], a
+    assert a["IS_VALID"], a["ERROR"]
     jsonschema.validate(json.loads(a["text"]), schema)
 
 
