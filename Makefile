@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # llama-cpp-python compiles llama.cpp; pip keeps the built wheel in its cache for the next install.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup system-deps serve test lint bench clean
+.PHONY: setup system-deps ratio1-setup ratio1-node serve test lint bench clean
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
 $(BIN)/python:
@@ -25,9 +25,23 @@ system-deps:
 	  echo "installing Debian packages systemd and jq for the tests"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends systemd jq; }
 
-test: setup system-deps
+# The Ratio1 node runs in a venv of its own (naeural-core, torch: ~7 GB, ~2 min cold) cached outside the
+# clone, keyed by requirements/ratio1.lock.txt (tools/ratio1_venv.sh prints its path), and talks to a
+# local mosquitto (Debian package). The integration test starts a real offline node with them.
+RATIO1_VENV = PYTHON=$(PYTHON) tools/ratio1_venv.sh
+
+ratio1-setup: setup
+	@command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || { \
+	  echo "installing the Debian package mosquitto (the Ratio1 node's local MQTT broker)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends mosquitto; }
+	@$(RATIO1_VENV) >/dev/null
+
+ratio1-node: ratio1-setup
+	$(BIN)/edgellm ratio1-node --venv "$$($(RATIO1_VENV))"
+
+test: setup system-deps ratio1-setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -v
+	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(BIN)/python -m pytest -v
 
 bench: setup
 	$(BIN)/python tools/bench.py

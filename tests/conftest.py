@@ -29,6 +29,7 @@ def chat(content: str = "Say hello.", **fields) -> dict:
 SLOW_FILES = (
     "tests/engine/",
     "tests/batch/",
+    "tests/ratio1/",
     "test_http_api.py",
     "test_modes_and_auth.py",
     "test_resilience.py",
@@ -36,6 +37,7 @@ SLOW_FILES = (
     "test_sdnotify.py",
     "test_book_of_record.py",
     "test_fuzz_openapi.py",
+    "tests/synth/test_synth_node.py",
 )
 
 

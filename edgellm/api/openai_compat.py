@@ -163,6 +163,8 @@ def parse_openai_request(
             param="messages",
         )
     seed_body["messages"] = [_message(i, m) for i, m in enumerate(messages)]
+    # OpenAI allows max_tokens down to 1; the node's configured maximum (in `limits`) still applies.
+    limits = {k: v for k, v in limits.items() if k != "min_max_tokens"}
     request = parse_chat_request(
         seed_body, min_max_tokens=1, max_messages=max_messages, max_prompt_bytes=max_prompt_bytes, **limits
     )

@@ -24,7 +24,16 @@ from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.api.registry import Registry, RegistryFull, RequestRecord, RequestStatus
 from edgellm.api.results import build_result, status_of
-from edgellm.api.validation import MAX_MESSAGES, MAX_PROMPT_BYTES, ChatRequest, parse_chat_request
+from edgellm.api.validation import (
+    MAX_COMPLETION_TOKENS,
+    MAX_MESSAGES,
+    MAX_PROMPT_BYTES,
+    MIN_COMPLETION_TOKENS,
+    TEMPERATURE_MAX,
+    TEMPERATURE_MIN,
+    ChatRequest,
+    parse_chat_request,
+)
 from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.interface import EngineClient
 from edgellm.engine.types import EngineOutput, EngineRequest
@@ -57,6 +66,10 @@ class ServiceConfig:
     max_queued: int = 64
     max_messages: int = MAX_MESSAGES
     max_prompt_bytes: int = MAX_PROMPT_BYTES
+    temperature_min: float = TEMPERATURE_MIN
+    temperature_max: float = TEMPERATURE_MAX
+    min_completion_tokens: int = MIN_COMPLETION_TOKENS  # the seed endpoints' floor; OpenAI's is 1
+    max_completion_tokens: int = MAX_COMPLETION_TOKENS
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,10 @@ class Service:
             "max_timeout": c.max_timeout_s,
             "max_messages": c.max_messages,
             "max_prompt_bytes": c.max_prompt_bytes,
+            "min_temperature": c.temperature_min,
+            "max_temperature": c.temperature_max,
+            "min_max_tokens": c.min_completion_tokens,
+            "max_max_tokens": c.max_completion_tokens,
         }
 
     async def check_engine_limits(self, request: ChatRequest) -> None:

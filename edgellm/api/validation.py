@@ -28,6 +28,9 @@ MAX_TOKEN_ID = 2**31 - 1
 # so a 30,000-message body is a 400 here, not 40 s of template rendering inside the step loop.
 MAX_MESSAGES = 512
 MAX_PROMPT_BYTES = 256 * 1024
+# Default bounds of temperature and max_tokens (upstream's TEMPERATURE_MIN/MAX, MIN/MAX_COMPLETION_TOKENS).
+TEMPERATURE_MIN, TEMPERATURE_MAX = 0.0, 1.5
+MIN_COMPLETION_TOKENS, MAX_COMPLETION_TOKENS = 16, 4096
 # metadata is stored as-is and returned by return_full: it must serialise, now and later.
 MAX_METADATA_BYTES = 64 * 1024
 MAX_METADATA_DEPTH = 32
@@ -133,11 +136,18 @@ def parse_chat_request(
     *,
     default_timeout: float = 600.0,
     max_timeout: float = 3600.0,
-    min_max_tokens: int = 16,
+    min_max_tokens: int = MIN_COMPLETION_TOKENS,
+    max_max_tokens: int = MAX_COMPLETION_TOKENS,
+    min_temperature: float = TEMPERATURE_MIN,
+    max_temperature: float = TEMPERATURE_MAX,
     max_messages: int = MAX_MESSAGES,
     max_prompt_bytes: int = MAX_PROMPT_BYTES,
 ) -> ChatRequest:
     """`min_max_tokens` is 16 on the seed endpoints (upstream's rule) and 1 on the OpenAI route.
+
+    The bounds of `temperature` and `max_tokens` are the node's (settings temperature_min/max,
+    min/max_completion_tokens; upstream's TEMPERATURE_MIN/MAX, MIN/MAX_COMPLETION_TOKENS); the
+    defaults (0.7, 512) are pulled inside them.
 
     `max_messages` and `max_prompt_bytes` (message contents, UTF-8, summed) bound the prompt before it
     reaches the engine. Raises only InvalidRequest, whatever `body` holds.
@@ -161,8 +171,12 @@ def parse_chat_request(
     messages = _messages(body.get("messages"), max_messages, max_prompt_bytes)
     fields = dict(
         messages=messages,
-        temperature=_number(body, "temperature", 0.7, 0.0, 1.5),
-        max_tokens=_integer(body, "max_tokens", 512, min_max_tokens, 4096),
+        temperature=_number(
+            body, "temperature", _clamp(0.7, min_temperature, max_temperature), min_temperature, max_temperature
+        ),
+        max_tokens=_integer(
+            body, "max_tokens", _clamp(512, min_max_tokens, max_max_tokens), min_max_tokens, max_max_tokens
+        ),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=_integer(body, "top_k", 0, 0, 100_000),
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
@@ -377,6 +391,10 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, *, low_
     if value > hi or value < lo or (low_open and value == lo):
         raise InvalidRequest(f"{name} must be in {interval}, got {_number_text(value)}", param=name)
     return float(value)
+
+
+def _clamp(value, lo, hi):
+    return min(max(value, lo), hi)
 
 
 def _number_text(value: int | float) -> str:

@@ -48,7 +48,9 @@ def node_identity(settings: Settings) -> NodeIdentity:
     )
 
 
-def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
+def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIdentity | None = None) -> FastAPI:
+    """The node's ASGI app. `node`: the identity WRAPPED bodies carry (a Ratio1 node passes its real
+    keys); default: an edgellm identity from settings.node_alias / evm_network."""
     # The boot id marks the rows this process accepts: pending rows of other boots are what to recover.
     registry = Registry(
         Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
@@ -61,12 +63,16 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None) -> FastAPI:
             max_queued=settings.max_queued,
             max_messages=settings.max_messages,
             max_prompt_bytes=settings.max_prompt_bytes,
+            temperature_min=settings.temperature_min,
+            temperature_max=settings.temperature_max,
+            min_completion_tokens=settings.min_completion_tokens,
+            max_completion_tokens=settings.max_completion_tokens,
         ),
         registry,
         Authenticator(settings.tokens),
     )
     mode = ResponseMode(settings.response_format)
-    node = node_identity(settings)
+    node = node or node_identity(settings)
     worker_config = WorkerConfig(
         model=settings.model(),
         max_waiting=settings.max_queued,

@@ -1,4 +1,4 @@
-"""The `edgellm` command: `serve` runs the node; more subcommands come with their issues."""
+"""The `edgellm` command: `serve` runs the node, `batch-run` sends a batch, `ratio1-node` runs a Ratio1 node."""
 
 from __future__ import annotations
 
@@ -127,6 +127,19 @@ def _batch_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _synth(args: argparse.Namespace) -> int:
+    """Exit 0 when OUTPUT holds COUNT valid records, 1 when fewer, 2 for unusable input, 130 on Ctrl-C."""
+    from edgellm.synth.cli import run_synth_command
+
+    return run_synth_command(args)
+
+
+def _ratio1_node(args: argparse.Namespace) -> int:
+    from edgellm.runtime.ratio1_node import run
+
+    return run(args.venv, args.port, args.workdir, args.mqtt_port, args.pipelines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgellm", description="LLM inference node for edge devices")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +185,27 @@ def build_parser() -> argparse.ArgumentParser:
         "a run refuses to start when OUTPUT.partial holds results)",
     )
     batch.set_defaults(func=_batch_run)
+
+    node = sub.add_parser(
+        "ratio1-node",
+        help="run an offline Ratio1 edge node (naeural-core + local mosquitto) serving this repo's plugins",
+    )
+    node.add_argument(
+        "--venv", help="the node's venv (tools/ratio1_venv.sh; default $EDGELLM_RATIO1_PYTHON or this one)"
+    )
+    node.add_argument("--port", type=int, help="HTTP port of the first LLM_INFERENCE_API instance (default 15080)")
+    node.add_argument(
+        "--workdir", help="the node's folder: configs, logs, identity key (default ~/.local/state/edgellm/ratio1-node)"
+    )
+    node.add_argument("--mqtt-port", type=int, help="local broker port (default 1883, or a free one if taken)")
+    node.add_argument("--pipelines", help="folder of pipeline JSON files (default configs/ratio1/pipelines)")
+    node.set_defaults(func=_ratio1_node)
+
+    synth = sub.add_parser("synth", help="generate schema-valid synthetic JSON records through a node -> JSONL")
+    from edgellm.synth.cli import add_synth_arguments
+
+    add_synth_arguments(synth)
+    synth.set_defaults(func=_synth)
     return parser
 
 

@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_messages: int = Field(512, ge=1, description="messages per request before a 400")
     max_prompt_bytes: int = Field(262_144, ge=1024, description="message content bytes (UTF-8, summed) before a 400")
+    # Bounds of the request's temperature and max_tokens (upstream TEMPERATURE_MIN/MAX and
+    # MIN/MAX_COMPLETION_TOKENS); the OpenAI route keeps its own floor of 1 for max_tokens.
+    temperature_min: float = Field(0.0, ge=0.0)
+    temperature_max: float = Field(1.5, ge=0.0, le=10.0)
+    min_completion_tokens: int = Field(16, ge=1)
+    max_completion_tokens: int = Field(4096, ge=1)
     shutdown_grace_s: int = Field(20, ge=0, description="on SIGTERM, wait this long for in-flight sync requests")
     header_timeout_s: float = Field(10.0, gt=0, description="a request's headers must arrive within this (s)")
     body_timeout_s: float = Field(30.0, gt=0, description="a request's body must arrive within this (s)")
@@ -107,6 +113,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): every generating slot "
                 "feeds at least one token into each decode batch; raise n_batch or lower n_slots"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> Settings:
+        if self.temperature_min > self.temperature_max:
+            raise ValueError(
+                f"temperature_min ({self.temperature_min}) exceeds temperature_max ({self.temperature_max})"
+            )
+        if self.min_completion_tokens > self.max_completion_tokens:
+            raise ValueError(
+                f"min_completion_tokens ({self.min_completion_tokens}) exceeds max_completion_tokens "
+                f"({self.max_completion_tokens})"
             )
         return self
 

@@ -1,0 +1,328 @@
+"""Ratio1 node payloads -> engine requests -> one answer per payload (the serving plugin's logic).
+
+A Ratio1 serving process gets, per call, every payload the node drained from its queue
+(`inputs["DATA"]`): upstream's LLM_INFERENCE_API sends `{"JEEVES_CONTENT": {MESSAGES, TEMPERATURE,
+..., REQUEST_ID, REQUEST_TYPE: "LLM"}}` and reads back one dict per payload, matched by REQUEST_ID.
+Here every payload is validated by the same `parse_chat_request` as the native host (upper-case keys
+mapped to the seed body), the valid ones run together on the Scheduler (continuous batching and
+guided decoding across the drain), and each gets its answer in input order:
+
+    success  {IS_VALID: True, REQUEST_ID, MODEL_NAME, text, TEXT_RESPONSE, FULL_OUTPUT, STATUS}
+             (REQUEST_ID/MODEL_NAME/TEXT_RESPONSE/FULL_OUTPUT are exactly `build_result`)
+    failure  {IS_VALID: False, REQUEST_ID, MODEL_NAME, text: "", FULL_OUTPUT: None, STATUS,
+              ERROR, ERROR_TYPE, STATUS_CODE}
+
+A failure carries no text, so upstream's API plugin (which accepts an invalid answer if it has
+text) never mistakes it for a completion; `answer_outcome()` turns either shape back into what the
+registry stores. Nothing here imports naeural_core or llama.cpp: the Scheduler is passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edgellm.api.output_processor import OutputProcessor, RequestOutput
+from edgellm.api.registry import RequestStatus
+from edgellm.api.results import build_result, status_of
+from edgellm.api.service import Outcome
+from edgellm.api.validation import ChatRequest, parse_chat_request
+from edgellm.engine.types import EngineOutput, EngineRequest
+from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest
+
+if TYPE_CHECKING:
+    from edgellm.engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+CONTENT_KEY = "JEEVES_CONTENT"
+REQUEST_TYPE_KEY = "REQUEST_TYPE"
+# Upstream's API plugin renames repeat_penalty before sending (llm_inference_api.py at cdd016c).
+KEY_ALIASES = {"repetition_penalty": "repeat_penalty"}
+# Defaults for a serving behind an API plugin that already applied its own policy (MIN_COMPLETION_
+# TOKENS may be below the seed endpoints' 16): the serving checks what the engine can do.
+SERVING_LIMITS: dict[str, Any] = {"min_max_tokens": 1, "default_timeout": 600.0, "max_timeout": 7200.0}
+
+
+@dataclass
+class _Job:
+    index: int  # position in the drained batch: the answer goes back there
+    request_id: str
+    engine_id: str  # the engine's key: unique within the drain, so answers can never cross
+    request: EngineRequest
+
+
+def payload_body(payload: Any) -> dict[str, Any]:
+    """A drained payload -> the seed request body (lower-case keys) that parse_chat_request reads.
+
+    Takes the nested `JEEVES_CONTENT` (the node's shape) or a flat dict. REQUEST_TYPE is routing,
+    not a parameter; a null is "not given" (the API plugin forwards unset optionals as None); a
+    `guided_decoding` that only repeats what `response_format` says (a stored params_dict) is dropped.
+    """
+    content = _content(payload)
+    if content is None:
+        raise InvalidRequest(
+            f"payload must be an object with {CONTENT_KEY} (or MESSAGES), got {type(payload).__name__}"
+        )
+    body: dict[str, Any] = {}
+    for key, value in content.items():
+        if not isinstance(key, str) or key.upper() == REQUEST_TYPE_KEY or value is None:
+            continue
+        name = "request_id" if key.upper() == "REQUEST_ID" else key.lower()
+        name = KEY_ALIASES.get(name, name)
+        if name in body and body[name] != value:
+            raise InvalidRequest(f"{key} is given twice with different values", param=name)
+        body[name] = value
+    if "guided_decoding" in body and "response_format" in body and _same_guide(body):
+        body.pop("guided_decoding")
+    return body
+
+
+def _content(payload: Any) -> dict[str, Any] | None:
+    """The request fields of a payload: its JEEVES_CONTENT, or the payload itself when it is flat (has
+    MESSAGES); None for anything else (e.g. a status payload another plugin put on the same queue)."""
+    if not isinstance(payload, dict):
+        return None
+    if CONTENT_KEY in payload:
+        content = payload[CONTENT_KEY]
+        return content if isinstance(content, dict) else None
+    return payload if any(isinstance(k, str) and k.upper() == "MESSAGES" for k in payload) else None
+
+
+def _same_guide(body: dict[str, Any]) -> bool:
+    try:
+        a = parse_chat_request(
+            {"messages": [{"role": "user", "content": "x"}], "response_format": body["response_format"]}
+        )
+        b = parse_chat_request(
+            {"messages": [{"role": "user", "content": "x"}], "guided_decoding": body["guided_decoding"]}
+        )
+    except EdgeLLMError:
+        return False
+    return a.guide == b.guide
+
+
+def payload_request_id(payload: Any) -> str | None:
+    """The REQUEST_ID a payload carries (even an invalid one), so its answer can be matched."""
+    content = _content(payload)
+    if content is None:
+        return None
+    for key in ("REQUEST_ID", "request_id"):
+        value = content.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def is_llm_payload(payload: Any, request_types: tuple[str, ...] = ("LLM",)) -> bool:
+    """Upstream's relevance rule: a JEEVES_CONTENT (or flat) dict whose REQUEST_TYPE, if any, is ours."""
+    content = _content(payload)
+    if not content:
+        return False
+    rtype = next((v for k, v in content.items() if isinstance(k, str) and k.upper() == REQUEST_TYPE_KEY), None)
+    return rtype is None or (isinstance(rtype, str) and rtype.upper() in request_types)
+
+
+# -- answers ---------------------------------------------------------------------------------
+def success_answer(request_id: str, model_name: str, out: RequestOutput) -> dict[str, Any]:
+    result = build_result(request_id, model_name, out)
+    return {"IS_VALID": True, "STATUS": RequestStatus.COMPLETED.value, "text": out.text, **result}
+
+
+def failure_answer(
+    request_id: str | None,
+    model_name: str,
+    error: EdgeLLMError,
+    status: RequestStatus = RequestStatus.FAILED,
+) -> dict[str, Any]:
+    """An answer that ends the request with an error; STATUS_CODE is the HTTP status the API should use."""
+    return {
+        "IS_VALID": False,
+        "REQUEST_ID": request_id,
+        "MODEL_NAME": model_name,
+        "text": "",
+        "FULL_OUTPUT": None,
+        "STATUS": status.value,
+        "ERROR": error.message,
+        "ERROR_TYPE": error.error_type,
+        "STATUS_CODE": error.http_status,
+    }
+
+
+def _final_answer(request_id: str, model_name: str, out: RequestOutput) -> dict[str, Any]:
+    status, error, error_type = status_of(out)
+    if status is RequestStatus.COMPLETED:
+        return success_answer(request_id, model_name, out)
+    try:  # the one place an error_type becomes an exception class (and so an HTTP status)
+        Outcome(request_id, status, None, error, error_type).result_or_raise()
+    except EdgeLLMError as exc:
+        exc.error_type = error_type or exc.error_type  # keep e.g. "invalid_guide", "cancelled"
+        return failure_answer(request_id, model_name, exc, status)
+    raise AssertionError("unreachable: a failed outcome always raises")  # pragma: no cover
+
+
+def answer_outcome(answer: dict[str, Any]) -> Outcome:
+    """An answer -> the Outcome the API side stores and resolves (result = build_result's dict)."""
+    request_id = answer.get("REQUEST_ID")
+    if answer.get("IS_VALID"):
+        result = {k: answer.get(k) for k in ("REQUEST_ID", "MODEL_NAME", "TEXT_RESPONSE", "FULL_OUTPUT")}
+        return Outcome(request_id, RequestStatus.COMPLETED, result, None, None)
+    try:
+        status = RequestStatus(answer.get("STATUS") or "failed")
+    except ValueError:
+        status = RequestStatus.FAILED
+    if status is RequestStatus.COMPLETED or status is RequestStatus.PENDING:
+        status = RequestStatus.FAILED
+    error = answer.get("ERROR") or "the serving answered without a result"
+    return Outcome(request_id, status, None, str(error), answer.get("ERROR_TYPE") or "engine_error")
+
+
+def fail_all(payloads: list[Any], model_name: str, error: EdgeLLMError) -> list[dict[str, Any]]:
+    """Every payload answered with the same error (the serving could not run them)."""
+    return [failure_answer(payload_request_id(p), model_name, error) for p in payloads]
+
+
+# -- the drain -------------------------------------------------------------------------------
+def run_payloads(
+    scheduler: Scheduler,
+    processor: OutputProcessor,
+    payloads: list[Any],
+    *,
+    model_name: str | None = None,
+    limits: dict[str, Any] | None = None,
+    request_types: tuple[str, ...] = ("LLM",),
+    poll_s: float = 0.05,
+) -> list[dict[str, Any]]:
+    """Answer every payload of one drain, in input order: invalid ones at once, the valid ones
+    generated together on `scheduler` (fed as its queue has room) until all are finished.
+
+    Never raises for a payload's fault. If the engine itself fails mid-run, every payload not yet
+    answered gets an engine_error answer and the scheduler is cleared of this drain's requests
+    (`reset_after_failure`), so no caller is left waiting.
+    """
+    model_name = model_name or getattr(scheduler.model, "name", "edgellm")
+    limits = {**SERVING_LIMITS, **(limits or {})}
+    answers: list[dict[str, Any] | None] = [None] * len(payloads)
+    jobs = _jobs(scheduler, payloads, answers, model_name, limits, request_types)
+    by_engine_id = {job.engine_id: job for job in jobs}
+    try:
+        _generate(scheduler, processor, deque(jobs), by_engine_id, answers, model_name, poll_s)
+    except Exception as exc:
+        log.exception("the engine failed while running %d request(s)", len(jobs))
+        error = EngineError(f"the serving failed while generating: {type(exc).__name__}: {exc}"[:500])
+        for job in jobs:
+            if answers[job.index] is None:
+                answers[job.index] = failure_answer(job.request_id, model_name, error)
+        reset_after_failure(scheduler, processor, list(by_engine_id))
+    return [a if a is not None else failure_answer(None, model_name, EngineError("no answer")) for a in answers]
+
+
+def _jobs(
+    scheduler: Scheduler,
+    payloads: list[Any],
+    answers: list[dict[str, Any] | None],
+    model_name: str,
+    limits: dict[str, Any],
+    request_types: tuple[str, ...],
+) -> list[_Job]:
+    """Validate each payload; invalid ones are answered in place, the valid ones become jobs."""
+    jobs: list[_Job] = []
+    seen: set[str] = set()
+    n_vocab = getattr(scheduler.model, "n_vocab", None)
+    drain = secrets.token_hex(4)
+    for i, payload in enumerate(payloads):
+        rid = payload_request_id(payload)
+        try:
+            if not is_llm_payload(payload, request_types):
+                raise InvalidRequest(f"not an LLM request (REQUEST_TYPE must be one of {', '.join(request_types)})")
+            request = parse_chat_request(payload_body(payload), **limits)
+            rid = request.request_id
+            if rid is None:
+                raise InvalidRequest("REQUEST_ID is required: the answer is matched to its request by it")
+            if rid in seen:
+                raise InvalidRequest(f"REQUEST_ID {rid!r} appears twice in one batch", param="request_id")
+            _check_vocab(request, n_vocab)
+        except EdgeLLMError as exc:
+            answers[i] = failure_answer(rid, model_name, exc)
+            continue
+        seen.add(rid)
+        engine_id = f"#{drain}:{i}"  # '#' is outside the request-id alphabet: no client id can equal it
+        jobs.append(_Job(i, rid, engine_id, _engine_request(engine_id, request)))
+    return jobs
+
+
+def _engine_request(engine_id: str, request: ChatRequest) -> EngineRequest:
+    seed = request.seed if request.seed is not None else secrets.randbits(64)
+    return EngineRequest(
+        request_id=engine_id,
+        messages=request.messages,
+        sampling=request.sampling(seed),
+        guide=request.guide,
+        deadline=time.time() + request.timeout,
+    )
+
+
+def _check_vocab(request: ChatRequest, n_vocab: int | None) -> None:
+    if n_vocab and request.logit_bias:
+        bad = [t for t in request.logit_bias if t >= n_vocab]
+        if bad:
+            raise InvalidRequest(
+                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
+            )
+
+
+def _generate(
+    scheduler: Scheduler,
+    processor: OutputProcessor,
+    queue: deque[_Job],
+    by_engine_id: dict[str, _Job],
+    answers: list[dict[str, Any] | None],
+    model_name: str,
+    poll_s: float,
+) -> None:
+    pending = len(queue)
+
+    def finish(out: EngineOutput) -> None:
+        nonlocal pending
+        job = by_engine_id.get(out.request_id)
+        done = processor.process(out)
+        if job is None or not out.finished or answers[job.index] is not None:
+            return  # not this drain's (a leftover of an earlier failure) or a stream delta
+        answers[job.index] = _final_answer(job.request_id, model_name, done)
+        pending -= 1
+
+    while pending:
+        # Feed the scheduler as its queue has room: a drain may hold more requests (upstream's
+        # loopback queue keeps 128) than the scheduler lets wait.
+        while queue and scheduler.load()["waiting"] < scheduler.max_waiting:
+            job = queue.popleft()
+            processor.add_request(job.engine_id, job.request.sampling.stop)
+            rejected = scheduler.add_request(job.request)
+            if rejected is not None:
+                finish(rejected)
+        if not scheduler.can_step():
+            scheduler.wait_prepared(poll_s)
+        for out in scheduler.step():
+            finish(out)
+
+
+def reset_after_failure(scheduler: Scheduler, processor: OutputProcessor, engine_ids: list[str]) -> bool:
+    """Abort `engine_ids` and step until the scheduler is empty; False if it cannot be (rebuild it)."""
+    for engine_id in engine_ids:
+        scheduler.abort(engine_id)
+    try:
+        for _ in range(1000):
+            if not scheduler.has_work():
+                break
+            if not scheduler.can_step():
+                scheduler.wait_prepared(0.05)
+            for out in scheduler.step():
+                processor.process(out)
+    except Exception:
+        log.exception("the scheduler could not be cleared after a failure")
+        return False
+    return not scheduler.has_work()

@@ -1,0 +1,188 @@
+"""LLM_INFERENCE_API: edgellm's inference API, served from inside a Ratio1 (naeural-core) edge node.
+
+The node's uvicorn runs a generated main.py (edgellm_main.py.j2) with one catch-all route that forwards
+every request verbatim to `handle_http`. This plugin runs edgellm's own FastAPI app (`create_app`,
+with its lifespan: the engine worker process, the durable request registry) on an event loop thread
+it owns, feeds it each request and returns the reply as a postponed request polled by the plugin
+loop. So every route and rule is edgellm's: /predict, /predict_async, /create_chat_completion,
+/create_chat_completion_async, /request_status, /health, /status, /metrics, /v1/chat/completions,
+/v1/models, validation, auth, the registry, RAW/WRAPPED bodies and the error statuses. WRAPPED bodies
+carry this node's identity (get_additional_fastapi_data()).
+
+Config: the upstream plugin's keys and defaults (RESPONSE_FORMAT, REQUEST_TIMEOUT, REQUEST_TTL_SECONDS,
+AUTH_TOKEN_ENV, PREDEFINED_AUTH_TOKENS, ALLOW_ANONYMOUS_ACCESS, TEMPERATURE_MIN/MAX,
+MIN/MAX_COMPLETION_TOKENS, AI_ENGINE, PORT, TUNNEL_ENGINE_ENABLED) plus edgellm's engine settings
+(MODEL_PATH, N_CTX, N_SLOTS, N_GPU_LAYERS, KV_CACHE_TYPE, STATE_DIR, HOST, MAX_QUEUED, ...); see
+plugin_config.py and the README's "Ratio1 edge node" section.
+"""
+
+import json
+import logging
+import os
+import shlex
+import sys
+
+from naeural_core.business.default.web_app.fast_api_web_app import FastApiWebAppPlugin as BasePlugin
+
+from extensions.business.edge_inference_api.asgi_bridge import (
+    REPLY_MARK,
+    AsgiAppRunner,
+    HttpRequest,
+    edgellm_error_reply,
+)
+from extensions.business.edge_inference_api.plugin_config import (
+    PLUGIN_DEFAULTS,
+    node_identity,
+    settings_from_config,
+)
+
+__VER__ = "1.0.0"
+
+_CONFIG = {
+    **BasePlugin.CONFIG,
+    **PLUGIN_DEFAULTS,
+    "ALLOW_EMPTY_INPUTS": True,
+    "IS_LOOPBACK_PLUGIN": True,
+    "PROCESS_DELAY": 0,
+    "TEMPLATE": None,  # the stock main.py is replaced by edgellm_main.py.j2
+    "API_TITLE": "edgellm LLM inference API",
+    # Every waiting request is polled on every plugin loop: no per-loop caps on a node that serves LLM calls.
+    "PROCESS_BUDGET_MS": 0,
+    "MAX_INCOMING_PER_LOOP": 0,
+    "MAX_POSTPONED_PER_LOOP": 0,
+    "VALIDATION_RULES": {
+        **BasePlugin.CONFIG["VALIDATION_RULES"],
+    },
+}
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_MAIN_TEMPLATE = "edgellm_main.py.j2"
+_IPC_GRACE_S = 60  # the node's IPC waits this much past the longest request timeout edgellm allows
+
+
+def _log_edgellm_to_stderr(level):
+    """edgellm logs through `logging`; the node does not configure it, so add one stderr handler (once)."""
+    logger = logging.getLogger("edgellm")
+    if not any(getattr(h, "_edgellm_plugin", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s edgellm %(levelname)s %(name)s: %(message)s"))
+        handler._edgellm_plugin = True
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(str(level).upper())
+
+
+class LlmInferenceApiPlugin(BasePlugin):
+    """edgellm LLM inference API (continuous batching, guided decoding, durable request registry)."""
+
+    CONFIG = _CONFIG
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def on_init(self):
+        self._runner = None
+        self._settings = None
+        self._settings_error = None
+        self._node = None
+        config = {key: getattr(self, "cfg_" + key.lower()) for key in PLUGIN_DEFAULTS}
+        instance_key = f"{self.get_stream_id()}__{self.get_instance_id()}"
+        try:
+            self._settings = settings_from_config(config, data_folder=self.get_data_folder(), instance_key=instance_key)
+        except Exception as exc:  # SettingsError: every request is answered 503 with this message
+            self._settings_error = exc
+            self.P("LLM_INFERENCE_API config refused: {}".format(getattr(exc, "message", exc)), color="r")
+        super().on_init()
+        self._node = node_identity(self.get_additional_fastapi_data(), version=str(self.ee_ver))
+        if self._settings is not None:
+            _log_edgellm_to_stderr(self._settings.log_level)
+            self._runner = AsgiAppRunner(
+                self._create_app,
+                server=(self._settings.host, int(self.port or 0)),
+                error_reply=self._error_reply,
+                name=f"edgellm-{self.get_instance_id()}",
+            )
+            self._runner.start()
+            s = self._settings
+            self.P(
+                f"edgellm app starting: {s.n_slots} slots x {s.n_ctx} ctx, {s.response_format.value} on "
+                f"{s.host}:{self.port}, state {s.state_dir}"
+            )
+        return
+
+    def _create_app(self):
+        from edgellm.runtime.app import create_app  # in the runner's thread: the engine starts from its lifespan
+
+        return create_app(self._settings, node=self._node)
+
+    def _error_reply(self, exc, request=None):
+        mode = self._settings.response_format if self._settings is not None else PLUGIN_DEFAULTS["RESPONSE_FORMAT"]
+        return edgellm_error_reply(exc, request.path if request is not None else "/", mode, self._node)
+
+    def on_close(self):
+        if self._runner is not None:
+            self.P("stopping the edgellm app (engine worker, registry)...")
+            self._runner.stop(timeout_s=float(self._settings.shutdown_grace_s) + 10.0)
+            self._runner = None
+        super().on_close()
+        return
+
+    def process(self):
+        return
+
+    # -- the node's uvicorn: our main.py, bound where the config says ------------------------
+    def initialize_assets(self, src_dir, dst_dir, jinja_args):
+        super().initialize_assets(src_dir, dst_dir, jinja_args)
+        from jinja2 import Environment, FileSystemLoader
+
+        settings = self._settings
+        args = {
+            "manager_port": self.manager_port,
+            "manager_auth": self.manager_auth,
+            "ipc_timeout_s": (settings.max_request_timeout if settings else 3600.0) + _IPC_GRACE_S,
+            "max_body_bytes": settings.max_body_bytes if settings else 1_048_576,
+            "response_format": (
+                settings.response_format.value if settings else str(PLUGIN_DEFAULTS["RESPONSE_FORMAT"])
+            ),
+            "node_identity_json": json.dumps(self._node_dict()),
+            "reply_mark": REPLY_MARK,
+        }
+        template = Environment(loader=FileSystemLoader(_HERE), autoescape=False).get_template(_MAIN_TEMPLATE)
+        with open(os.path.join(dst_dir, "main.py"), "w") as f:
+            f.write(template.render(args))
+        return
+
+    def _node_dict(self):
+        node = self._node or node_identity(self.get_additional_fastapi_data(), version=str(self.ee_ver))
+        return dict(node.__dict__)
+
+    def get_start_commands(self):
+        host = self._settings.host if self._settings is not None else "127.0.0.1"
+        app_dir = shlex.quote(self.get_web_server_path())
+        cmd = (
+            f"{shlex.quote(sys.executable)} -m uvicorn --app-dir {app_dir} main:app "
+            f"--host {shlex.quote(host)} --port {int(self.port)} --no-access-log"
+        )
+        return [cmd] + list(self.cfg_start_commands or [])
+
+    # -- requests ----------------------------------------------------------------------------
+    @BasePlugin.endpoint(method="post")
+    def handle_http(self, method: str, path: str, query: str, headers: list, body: str, client: list = None):
+        """The one endpoint main.py calls: a whole HTTP request in, a whole HTTP reply out."""
+        request = HttpRequest.from_wire(method, path, query, headers, body, client)
+        if self._runner is None:
+            return self._error_reply(
+                self._settings_error or RuntimeError("the plugin is not started"), request
+            ).to_wire()
+        return self._poll(self._runner.submit(request))
+
+    def _poll(self, future):
+        if not future.done():
+            return self.create_postponed_request(solver_method=self._poll, method_kwargs={"future": future})
+        return future.result().to_wire()
+
+    def on_response(self, method, response):
+        # The framework wraps every endpoint value in its own envelope (RESPONSE_FORMAT is also its key);
+        # edgellm already built the whole reply, envelope included, so unwrap it here.
+        value = response.get("value")
+        if isinstance(value, dict) and isinstance(value.get("result"), dict) and value["result"].get(REPLY_MARK):
+            response["value"] = value["result"]
+        return

@@ -1,0 +1,423 @@
+"""A real offline Ratio1 node (naeural-core in its own venv, a local mosquitto) serving this repo's
+LLM_INFERENCE_API plugin, driven through the node's HTTP ports.
+
+One node per module (`ratio1_node`), started by `edgellm.runtime.ratio1_node` (the code behind
+`edgellm ratio1-node`), with four instances of the plugin in one Loopback pipeline:
+- wrapped: the default (WRAPPED, anonymous on loopback), N_SLOTS 4, N_CTX 4096;
+- raw: RESPONSE_FORMAT RAW with a short REQUEST_TTL_SECONDS (eviction of failed records);
+- auth: PREDEFINED_AUTH_TOKENS on loopback (auth is enforced even there);
+- broken: a MODEL_PATH that is not a GGUF (an engine failure answers at once).
+
+It needs the node venv: `make ratio1-setup` builds it and `make test` exports EDGELLM_RATIO1_PYTHON.
+Without it the tests fail (never skip): CI must run them.
+
+Other plugin tests can share this node: use the `ratio1_node` fixture (`.base_url` of the wrapped
+instance, `.output_dir` the node's output folder, `.workdir`), and add pipelines to
+`extra_pipelines()` so they start with the same node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+
+from edgellm.runtime.ratio1_node import NodeOptions, Ratio1Node, free_port
+
+TOKEN = "ratio1-test-token-5b1f0c"
+NODE_KEYS = {"server_node_addr", "evm_network", "ee_node_alias", "ee_node_address", "ee_node_eth_address"}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 30},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+def chat(content: str = "Say hello.", **fields) -> dict:
+    return {"messages": [{"role": "user", "content": content}], **fields}
+
+
+SYNTH_COUNT = 8
+SYNTH_EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "ratio1" / "examples" / "synthetic_data.json"
+
+
+def extra_pipelines(ports: dict[str, int], workdir: Path) -> list[dict]:
+    """Pipelines other tests add to the shared node (e.g. a client plugin of LLM_INFERENCE_API)."""
+    # The shipped SYNTHETIC_DATA_GENERATOR example, a client of the RAW instance (its own engine: the
+    # wrapped instance's tests do not share slots with it), made small.
+    synth = json.loads(SYNTH_EXAMPLE.read_text())
+    synth["PLUGINS"][0]["INSTANCES"][0].update(
+        API_PORT=ports["raw"], COUNT=SYNTH_COUNT, CONCURRENCY=2, MAX_TOKENS=96, PROGRESS_INTERVAL=1
+    )
+    return [synth]
+
+
+def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
+    small = {"N_SLOTS": 2, "N_CTX": 2048, "TUNNEL_ENGINE_ENABLED": False}
+    return {
+        "NAME": "llm_api",
+        "TYPE": "Loopback",
+        "PLUGINS": [
+            {
+                "SIGNATURE": "LLM_INFERENCE_API",
+                "INSTANCES": [
+                    {"INSTANCE_ID": "wrapped", "PORT": ports["wrapped"], "N_SLOTS": 4, "N_CTX": 4096},
+                    {
+                        "INSTANCE_ID": "raw",
+                        "PORT": ports["raw"],
+                        "RESPONSE_FORMAT": "RAW",
+                        "REQUEST_TTL_SECONDS": 3,
+                        **small,
+                    },
+                    {"INSTANCE_ID": "auth", "PORT": ports["auth"], "PREDEFINED_AUTH_TOKENS": [TOKEN], **small},
+                    {
+                        "INSTANCE_ID": "broken",
+                        "PORT": ports["broken"],
+                        "MODEL_PATH": str(broken_model),
+                        "N_SLOTS": 1,
+                        "N_CTX": 512,
+                    },
+                    # Anonymous on all interfaces: refused by the config check, answers 503 on loopback.
+                    {"INSTANCE_ID": "unsafe", "PORT": ports["unsafe"], "HOST": "0.0.0.0"},
+                ],
+            }
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def ratio1_node(tmp_path_factory) -> Ratio1Node:
+    """One real offline node for the module; stopped (SIGINT to its process group) at the end."""
+    python = os.environ.get("EDGELLM_RATIO1_PYTHON")
+    if not python:
+        pytest.fail(
+            "EDGELLM_RATIO1_PYTHON is not set: run `make ratio1-setup` (builds the Ratio1 node venv and installs "
+            "mosquitto), then export EDGELLM_RATIO1_PYTHON=$(tools/ratio1_venv.sh)/bin/python -- `make test` does both"
+        )
+    workdir = tmp_path_factory.mktemp("ratio1-node")
+    broken = workdir / "not-a-model.gguf"
+    broken.write_bytes(b"this is not a GGUF file\n" * 64)
+    ports = {name: free_port() for name in ("wrapped", "raw", "auth", "broken", "unsafe")}
+    node = Ratio1Node(
+        NodeOptions(
+            python=python,
+            workdir=workdir,
+            mqtt_port=free_port(),
+            node_id="edgellm-it",
+            pipelines=[api_pipeline(ports, broken), *extra_pipelines(ports, workdir)],
+            ready_timeout_s=240,
+        )
+    )
+    node.start()
+    try:
+        by_id = {inst.instance_id: inst for inst in node.instances}
+        node.wait_http(by_id["raw"], timeout_s=120)
+        node.wait_http(by_id["auth"], timeout_s=120)
+        node.wait_http(by_id["broken"], timeout_s=120, ok=(503,))
+        node.wait_http(by_id["unsafe"], timeout_s=120, ok=(503,))
+        yield node
+    finally:
+        node.stop()
+        assert node.node.returncode is not None
+
+
+def url_of(node: Ratio1Node, instance_id: str) -> str:
+    return next(i.base_url for i in node.instances if i.instance_id == instance_id)
+
+
+@pytest.fixture(scope="module")
+def client(ratio1_node) -> httpx.Client:
+    with httpx.Client(base_url=ratio1_node.base_url, timeout=180) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def raw_client(ratio1_node) -> httpx.Client:
+    with httpx.Client(base_url=url_of(ratio1_node, "raw"), timeout=180) as c:
+        yield c
+
+
+def text_of(result: dict) -> str:
+    return result["TEXT_RESPONSE"][0]
+
+
+# -- the node and its identity --------------------------------------------------------------------
+def test_wrapped_bodies_carry_the_nodes_real_identity(ratio1_node, client):
+    r = client.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["result"]["status"] == "ok"
+    assert body["ee_node_alias"] == "edgellm-it"
+    assert body["ee_node_address"].startswith("0xai_") and body["server_node_addr"] == body["ee_node_address"]
+    assert body["ee_node_eth_address"].startswith("0x") and len(body["ee_node_eth_address"]) == 42
+    assert not body["ee_node_address"].startswith("edgellm:")  # not the native host's stand-in identity
+    print(f"\nnode ready in {ratio1_node.ready_s:.1f} s")
+
+
+# -- sync, guided --------------------------------------------------------------------------------
+def test_sync_chat_completion_with_a_json_schema(client):
+    body = chat(
+        "Create a fictional person as JSON with name, age and city.",
+        max_tokens=120,
+        temperature=0.3,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
+    )
+    r = client.post("/create_chat_completion", json=body)
+    assert r.status_code == 200, r.text
+    result = r.json()["result"]
+    jsonschema.validate(json.loads(text_of(result)), SCHEMA)
+    assert result["FULL_OUTPUT"][0]["choices"][0]["finish_reason"] == "stop"
+
+
+# -- async + request_status ----------------------------------------------------------------------
+def test_async_submit_then_poll_with_return_full_and_metadata(client):
+    meta = {"job": "it-7", "tags": ["a", "b"]}
+    r = client.post("/create_chat_completion_async", json=chat("Name a colour.", max_tokens=16, metadata=meta))
+    assert r.status_code == 200, r.text
+    request_id = r.json()["result"]["request_id"]
+    deadline = time.monotonic() + 120
+    while True:
+        status = client.get("/request_status", params={"request_id": request_id, "return_full": "true"})
+        assert status.status_code == 200, status.text
+        res = status.json()["result"]
+        if res["status"] != "pending" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert res["status"] == "completed"
+    assert res["request_id"] == request_id and res["result"]["REQUEST_ID"] == request_id
+    assert res["metadata"] == meta and res["params"]["max_tokens"] == 16
+    assert res["mode"] == "async" and isinstance(res["seed"], int)
+
+
+# -- errors keep their status --------------------------------------------------------------------
+def test_a_validation_error_is_a_4xx_in_the_wrapped_envelope(client):
+    r = client.post("/create_chat_completion", json=chat(temperature=3))
+    assert r.status_code == 400
+    body = r.json()
+    assert body["result"]["error_type"] == "invalid_request" and body["result"]["status_code"] == 400
+    assert "temperature" in body["result"]["error"]
+    assert NODE_KEYS <= body.keys()
+    r = client.get("/request_status", params={"request_id": "never-submitted"})
+    assert r.status_code == 404 and r.json()["result"]["error_type"] == "not_found"
+
+
+def test_raw_has_no_node_keys_and_keeps_error_statuses(raw_client):
+    r = raw_client.post("/create_chat_completion", json=chat("Say hi.", max_tokens=16, temperature=0))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"REQUEST_ID", "MODEL_NAME", "TEXT_RESPONSE", "FULL_OUTPUT"}
+    r = raw_client.post("/create_chat_completion", json=chat(max_tokens=5))
+    assert r.status_code == 400
+    assert r.json()["error_type"] == "invalid_request" and not NODE_KEYS & r.json().keys()
+    r = raw_client.post("/create_chat_completion", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+# -- sampling parameters reach the engine --------------------------------------------------------
+def test_temperature_zero_stays_zero(client):
+    body = chat("Write one sentence about the sea.", max_tokens=48, temperature=0)
+    texts = [text_of(client.post("/create_chat_completion", json=body).json()["result"]) for _ in range(2)]
+    assert texts[0] and texts[0] == texts[1]
+    params = client.get(
+        "/request_status",
+        params={
+            "request_id": client.post("/create_chat_completion_async", json=body).json()["result"]["request_id"],
+            "return_full": "true",
+        },
+    ).json()["result"]["params"]
+    assert params["temperature"] == 0.0  # stored as sent: not turned into a default
+
+
+def test_seed_stop_and_penalties_are_honoured(client):
+    prompt = "Write a short poem about mountains."
+    seeded = chat(prompt, max_tokens=40, temperature=1.0, seed=1234)
+    a, b = (text_of(client.post("/create_chat_completion", json=seeded).json()["result"]) for _ in range(2))
+    assert a == b  # same seed at temperature 1: the same sample
+    others = {
+        text_of(client.post("/create_chat_completion", json={**seeded, "seed": s}).json()["result"]) for s in (1, 2)
+    }
+    assert others - {a}  # another seed: another sample
+
+    plain = text_of(
+        client.post("/create_chat_completion", json=chat(prompt, max_tokens=40, temperature=0)).json()["result"]
+    )
+    words = plain.split()
+    assert len(words) > 4
+    stop = words[3]
+    cut = client.post("/create_chat_completion", json=chat(prompt, max_tokens=40, temperature=0, stop=[stop])).json()
+    assert text_of(cut["result"]) == plain[: plain.index(stop)]
+    assert cut["result"]["FULL_OUTPUT"][0]["choices"][0]["finish_reason"] == "stop"
+
+    penalised = chat(
+        prompt, max_tokens=40, temperature=0, repeat_penalty=1.8, frequency_penalty=1.5, presence_penalty=1.5
+    )
+    assert text_of(client.post("/create_chat_completion", json=penalised).json()["result"]) != plain
+
+
+# -- concurrency, ids ----------------------------------------------------------------------------
+def test_eight_concurrent_requests_are_all_answered_each_with_its_own_id(client):
+    out: dict[str, tuple[int, dict]] = {}
+
+    def one(i: int) -> None:
+        rid = f"it-concurrent-{i}"
+        body = chat(f"Write a haiku about the number {i}.", max_tokens=48, temperature=0.7, seed=i, request_id=rid)
+        with httpx.Client(base_url=client.base_url, timeout=180) as c:
+            r = c.post("/create_chat_completion", json=body)
+        out[rid] = (r.status_code, r.json())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(out) == 8
+    for rid, (status, body) in out.items():
+        assert status == 200, body
+        assert body["result"]["REQUEST_ID"] == rid and text_of(body["result"])
+
+
+# -- auth ----------------------------------------------------------------------------------------
+def test_tokens_are_enforced_on_loopback_and_never_stored(ratio1_node):
+    with httpx.Client(base_url=url_of(ratio1_node, "auth"), timeout=180) as c:
+        r = c.post("/create_chat_completion", json=chat(max_tokens=16))
+        assert r.status_code == 401 and r.json()["result"]["error_type"] == "unauthorized"
+        assert (
+            c.post(
+                "/create_chat_completion", json=chat(max_tokens=16), headers={"Authorization": "Bearer nope"}
+            ).status_code
+            == 401
+        )
+        assert c.get("/status").status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        r = c.post("/create_chat_completion_async", json=chat("Say hi.", max_tokens=16), headers=auth)
+        assert r.status_code == 200, r.text
+        rid = r.json()["result"]["request_id"]
+        assert c.get("/request_status", params={"request_id": rid}).status_code == 401
+        deadline = time.monotonic() + 60
+        while True:
+            full = c.get("/request_status", params={"request_id": rid, "return_full": "true"}, headers=auth)
+            if full.json()["result"]["status"] != "pending" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert full.status_code == 200 and full.json()["result"]["status"] == "completed"
+        assert TOKEN not in full.text
+    # The registry holds an owner hash, never the token.
+    stores = list(ratio1_node.workdir.rglob("requests.sqlite3"))
+    assert stores
+    for path in stores:
+        with sqlite3.connect(path) as db:
+            dump = "\n".join(db.iterdump())
+        assert TOKEN not in dump
+
+
+# -- failures: answered at once, evicted after the TTL -------------------------------------------
+def test_an_engine_failure_answers_at_once(ratio1_node):
+    with httpx.Client(base_url=url_of(ratio1_node, "broken"), timeout=30) as c:
+        deadline = time.monotonic() + 60
+        while (health := c.get("/health").json()["result"])["engine"]["state"] == "starting":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert health["engine"]["state"] == "failed" and health["engine"]["last_error"]
+        t0 = time.monotonic()
+        r = c.post("/create_chat_completion", json=chat(max_tokens=16))
+        assert time.monotonic() - t0 < 5
+        assert r.status_code == 503 and r.json()["result"]["error_type"] == "engine_unavailable"
+
+
+def outbound_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") else addr
+
+
+def test_an_unsafe_instance_config_is_refused_not_served(ratio1_node):
+    port = next(i.port for i in ratio1_node.instances if i.instance_id == "unsafe")
+    r = httpx.post(f"http://127.0.0.1:{port}/create_chat_completion", json=chat(max_tokens=16), timeout=30)
+    assert r.status_code == 503
+    assert "non-loopback" in r.json()["result"]["error"]
+    addr = outbound_address()
+    if addr:  # the node's uvicorn bound loopback, not 0.0.0.0: another address of this machine does not answer
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://{addr}:{port}/health", timeout=5)
+
+
+def test_a_body_over_the_limit_is_413(client):
+    big = b"x" * (2 * 1024 * 1024)
+    r = client.post("/create_chat_completion", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["result"]["error_type"] == "payload_too_large"
+
+
+def test_timed_out_records_are_evicted_after_the_ttl(raw_client):
+    r = raw_client.post(
+        "/create_chat_completion", json=chat("Write a long story.", max_tokens=400, timeout=0.05, request_id="it-ttl-1")
+    )
+    assert r.status_code == 504 and r.json()["error_type"] == "timeout"
+    status = raw_client.get("/request_status", params={"request_id": "it-ttl-1"})
+    assert status.status_code == 200 and status.json()["status"] == "timeout"
+    deadline = time.monotonic() + 20  # TTL 3 s; eviction runs every second
+    while raw_client.get("/request_status", params={"request_id": "it-ttl-1"}).status_code != 404:
+        assert time.monotonic() < deadline, "the timed-out record was not evicted"
+        time.sleep(0.5)
+
+
+# -- the OpenAI route through the catch-all ------------------------------------------------------
+def test_openai_client_through_the_node(ratio1_node):
+    from openai import OpenAI
+
+    oa = OpenAI(base_url=ratio1_node.base_url + "/v1", api_key="unused", timeout=120)
+    model = oa.models.list().data[0].id
+    done = oa.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=12, temperature=0
+    )
+    assert done.choices[0].message.content and done.usage.completion_tokens > 0
+    chunks = list(
+        oa.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=12, temperature=0, stream=True
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == done.choices[0].message.content
+
+
+# -- the SYNTHETIC_DATA_GENERATOR user plugin (plugins/business), a client of LLM_INFERENCE_API -----
+def test_synthetic_data_plugin_writes_schema_valid_records(ratio1_node):
+    example = json.loads(SYNTH_EXAMPLE.read_text())["PLUGINS"][0]["INSTANCES"][0]
+    out = ratio1_node.output_dir / "synthetic_data" / example["OUTPUT_FILE"]
+    deadline = time.monotonic() + 300
+    while not (out.exists() and len(out.read_text().splitlines()) >= SYNTH_COUNT):
+        assert time.monotonic() < deadline, (
+            f"{out}: not {SYNTH_COUNT} records in time\n{ratio1_node.log_path.read_text()[-3000:]}"
+        )
+        time.sleep(1)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == SYNTH_COUNT
+    for row in rows:
+        jsonschema.validate(row, example["SCHEMA"])
+    assert len({json.dumps(r, sort_keys=True) for r in rows}) == SYNTH_COUNT
+    # its progress payloads (logged by the plugin as it sends them) end with "done"
+    deadline = time.monotonic() + 30
+    while "'SYNTH_STATUS': 'done'" not in ratio1_node.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "no 'done' payload from the synthetic data plugin"
+        time.sleep(0.5)
+    done = [
+        ln for ln in ratio1_node.log_path.read_text(errors="replace").splitlines() if "'SYNTH_STATUS': 'done'" in ln
+    ]
+    rate = re.search(r"'SYNTH_RECORDS_PER_MIN': ([0-9.]+)", done[-1])
+    print(f"\nsynthetic data plugin through the Ratio1 node: {rate.group(1) if rate else '?'} valid records/min")
