@@ -27,17 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgellm.runtime.ratio1_node import NodeOptions, Ratio1Node, free_port  # noqa: E402
 from tests.nodeproc import NodeProcess  # noqa: E402
-
-PROMPTS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a bicycle works.",
-    "Describe a busy market in the morning.",
-    "Write a letter to a friend about a trip to the mountains.",
-    "Explain why the sky is blue.",
-    "Describe your ideal weekend.",
-    "Write a poem about autumn leaves.",
-    "Explain how plants make food from sunlight.",
-]
+from tools.bench import PROMPTS  # noqa: E402  (the same prompts as the native benchmark)
 
 
 def tree(root: int) -> list[int]:
