@@ -93,6 +93,3 @@ class OutputProcessor:
         if out.finished:
             self._states.pop(out.request_id, None)
         return state.add(out)
-
-    def __len__(self) -> int:
-        return len(self._states)

@@ -164,9 +164,9 @@ class LlamaModel:
     def render_chat(self, messages: list[dict]) -> str:
         try:
             return self.formatter(messages=messages).prompt
-        except jinja2.TemplateError as exc:  # e.g. a template that refuses a role or an order of turns
-            raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
-        except ValueError as exc:  # the template's raise_exception() (Mistral/Gemma refuse some turn orders)
+        # TemplateError: a template that refuses a role or an order of turns; ValueError: the template's
+        # raise_exception() (Mistral/Gemma-style templates refuse some turn orders).
+        except (jinja2.TemplateError, ValueError) as exc:
             raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
 
     def chat_tokens(self, messages: list[dict], *, limit: int | None = None) -> list[int]:
