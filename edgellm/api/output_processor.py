@@ -93,3 +93,7 @@ class OutputProcessor:
         if out.finished:
             self._states.pop(out.request_id, None)
         return state.add(out)
+
+    def __len__(self) -> int:
+        """Requests still being assembled (the Ratio1 drain checks that none is left behind)."""
+        return len(self._states)
