@@ -21,6 +21,25 @@ class GuideKind(StrEnum):
     REGEX = "regex"
     EBNF = "ebnf"
     CHOICE = "choice"
+    # {"triggers": [str], "structures": [{"begin": str, "schema": dict, "end": str}]}: free text until a
+    # trigger, then the structure whose begin starts with it, constrained by its schema, then its end.
+    STRUCTURAL_TAG = "structural_tag"
+
+
+class StopCause(StrEnum):
+    """What ended a FinishReason.STOP request (the TensorRT-Edge-LLM format tells them apart)."""
+
+    EOS = "eos"  # an end-of-generation token
+    STOP_STRING = "stop_string"
+    GUIDE = "guide"  # the grammar completed
+
+
+class CacheCommit(StrEnum):
+    """What a finished request leaves in its slot for later requests' prefix reuse."""
+
+    ALL = "including_generated_tokens"  # prompt + generated tokens
+    PROMPT = "prefill_state_only"  # the prompt only
+    NONE = "none"  # nothing (context_cache_lookup_policy "bypass" also skips publication)
 
 
 @dataclass(frozen=True)
@@ -56,6 +75,16 @@ class EngineRequest:
     guide: GuideSpec | None = None
     deadline: float | None = None  # wall clock (time.time()), comparable across processes
     stream: bool = False  # emit EngineOutput deltas while generating
+    # How messages become the prompt. apply_chat_template=False: the contents, concatenated, are the
+    # prompt as written (control-token text in them is parsed: the file's author is the operator).
+    apply_chat_template: bool = True
+    add_generation_prompt: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": False}
+    # Prefix KV reuse: look up a slot's cached prefix, and what to leave behind for the next request.
+    cache_lookup: bool = True
+    cache_commit: CacheCommit = CacheCommit.ALL
+    lora_path: str | None = None  # a GGUF LoRA adapter (engine/lora.py makes one from PEFT safetensors)
+    lora_scale: float = 1.0
 
 
 @dataclass
@@ -96,6 +125,8 @@ class EngineOutput:
     error: str | None = None
     error_type: str | None = None  # an errors.EdgeLLMError.error_type, so the API picks the status
     timings: dict[str, float] = field(default_factory=dict)
+    cached_tokens: int = 0  # final: prompt tokens whose KV came from the prefix cache (not decoded again)
+    stop_cause: StopCause | None = None  # final, with FinishReason.STOP
 
     @classmethod
     def failure(
