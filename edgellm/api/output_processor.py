@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass, field
 
-from edgellm.engine.types import EngineOutput, FinishReason, TokenLogprob
+from edgellm.engine.types import EngineOutput, FinishReason, StopCause, TokenLogprob
 
 
 @dataclass
@@ -30,6 +30,8 @@ class RequestOutput:
     error: str | None = None
     error_type: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    stop_cause: StopCause | None = None  # with FinishReason.STOP: end-of-sequence, stop string or grammar
 
 
 class _TextState:
@@ -51,9 +53,9 @@ class _TextState:
             self.logprobs = [*(self.logprobs or []), *out.logprobs]
         end = len(self.text) if (out.finished or self.stopped) else max(self.sent, len(self.text) - self.hold)
         delta, self.sent = self.text[self.sent : end], max(self.sent, end)
-        reason = out.finish_reason
-        if out.finished and self.stopped and reason is FinishReason.LENGTH:
-            reason = FinishReason.STOP  # the stop string ended the answer first
+        reason, cause = out.finish_reason, out.stop_cause
+        if out.finished and self.stopped and reason in (FinishReason.LENGTH, FinishReason.STOP):
+            reason, cause = FinishReason.STOP, StopCause.STOP_STRING  # the stop string ended the answer first
         return RequestOutput(
             out.request_id,
             out.finished,
@@ -67,6 +69,8 @@ class _TextState:
             error=out.error,
             error_type=out.error_type,
             timings=out.timings,
+            cached_tokens=out.cached_tokens,
+            stop_cause=cause,
         )
 
     def _cut_at_stop(self, before: int) -> None:

@@ -58,9 +58,62 @@ def _spec_text(spec: GuideSpec) -> str:
         if not isinstance(spec.spec, list) or not spec.spec or not all(isinstance(c, str) and c for c in spec.spec):
             raise GuideError("choice must be a non-empty list of non-empty strings")
         return json.dumps(spec.spec)
+    if spec.kind is GuideKind.STRUCTURAL_TAG:
+        return json.dumps(_structural_tag(spec.spec), sort_keys=True)
     if not isinstance(spec.spec, str) or not spec.spec.strip():
         raise GuideError(f"{spec.kind.value} must be a non-empty string")
     return spec.spec
+
+
+def _structural_tag(spec: object) -> dict:
+    """Checks the `triggers` + `structures` form and returns it without anything else."""
+    if not isinstance(spec, dict):
+        raise GuideError("structural_tag must be an object with `triggers` and `structures`")
+    triggers, structures = spec.get("triggers"), spec.get("structures")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise GuideError("structural_tag.triggers must be a non-empty list of non-empty strings")
+    if not isinstance(structures, list) or not structures:
+        raise GuideError("structural_tag.structures must be a non-empty list")
+    for i, st in enumerate(structures):
+        where = f"structural_tag.structures[{i}]"
+        if not isinstance(st, dict) or not isinstance(st.get("begin"), str) or not isinstance(st.get("end"), str):
+            raise GuideError(f"{where} must be an object with string `begin` and `end` and a `schema` object")
+        if not isinstance(st.get("schema"), dict):
+            raise GuideError(f"{where}.schema must be a JSON schema object")
+        if not any(st["begin"].startswith(t) for t in triggers):
+            raise GuideError(f"{where}.begin {st['begin']!r} does not start with any of the triggers")
+    return {
+        "triggers": triggers,
+        "structures": [{"begin": st["begin"], "schema": st["schema"], "end": st["end"]} for st in structures],
+    }
+
+
+def _structural_tag_lark(spec: dict) -> str:
+    """Lark for llguidance: any text, where each trigger (a lazy lexeme: it matches as soon as the text
+    ends with it) must continue with one of its structures: the rest of `begin`, the JSON of `schema`,
+    then `end`. The answer may end after any whole structure, as free text."""
+    by_trigger: dict[str, list[dict]] = {}
+    for st in spec["structures"]:
+        trigger = max((t for t in spec["triggers"] if st["begin"].startswith(t)), key=len)
+        by_trigger.setdefault(trigger, []).append(st)
+    rules = []
+    for i, (trigger, structures) in enumerate(by_trigger.items()):
+        bodies = [
+            " ".join(
+                part
+                for part in (
+                    json.dumps(st["begin"][len(trigger) :]) if st["begin"] != trigger else "",
+                    "%json " + json.dumps({**st["schema"], "x-guidance": _JSON_OPTIONS}),
+                    json.dumps(st["end"]) if st["end"] else "",
+                )
+                if part
+            )
+            for st in structures
+        ]
+        rules.append(f"trig_{i}[lazy]: TEXT {json.dumps(trigger)}")
+        rules.append(f"tag_{i}: trig_{i} ({' | '.join(bodies)})")
+    tags = " | ".join(f"tag_{i}" for i in range(len(by_trigger)))
+    return "\n".join(["%llguidance {}", f"start: ({tags})* TEXT", "TEXT: /(.|\\n)*/", *rules]) + "\n"
 
 
 def grammar_for(spec: GuideSpec) -> str:
@@ -103,6 +156,8 @@ def _compile_cached(kind: GuideKind, text: str) -> str:
             grammar = llguidance.grammar_from("regex", text)
         elif kind is GuideKind.CHOICE:
             grammar = llguidance.grammar_from("choice", text)
+        elif kind is GuideKind.STRUCTURAL_TAG:
+            grammar = llguidance.grammar_from("lark", _structural_tag_lark(json.loads(text)))
         else:
             grammar = llguidance.grammar_from("grammar", text)
     except Exception as exc:  # llguidance raises ValueError/RuntimeError with a readable message
@@ -204,6 +259,9 @@ def _check_counts(kind: GuideKind, text: str) -> None:
             )
     elif kind is GuideKind.JSON_SCHEMA:
         _check_schema_counts(json.loads(text))
+    elif kind is GuideKind.STRUCTURAL_TAG:
+        for st in json.loads(text)["structures"]:
+            _check_schema_counts(st["schema"])
 
 
 def _check_regex(regex: str, where: str) -> None:

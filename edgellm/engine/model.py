@@ -30,6 +30,11 @@ CHATML_TEMPLATE = (
 )
 
 _backend_ready = False
+# Names the formatter passes to the template itself: a template kwarg must not collide with them.
+_RESERVED_TEMPLATE_NAMES = frozenset(
+    "messages eos_token bos_token raise_exception add_generation_prompt functions function_call tools "
+    "tool_choice strftime_now".split()
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class LlamaModel:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self.formatter = self._chat_formatter()
+        self._formatter_no_gen: Jinja2ChatFormatter | None = None
         self.partial_trim = self._memory_can_drop_suffix()
 
     # -- loading -------------------------------------------------------------------------------
@@ -155,21 +161,41 @@ class LlamaModel:
         bos = self.piece(bos_id, special=True).decode("utf-8", "replace") if bos_id >= 0 else ""
         return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
 
+    def _formatter_for(self, add_generation_prompt: bool) -> Jinja2ChatFormatter:
+        if add_generation_prompt:
+            return self.formatter
+        if self._formatter_no_gen is None:  # the formatter fixes add_generation_prompt at construction
+            f = self.formatter
+            self._formatter_no_gen = Jinja2ChatFormatter(
+                template=f.template, eos_token=f.eos_token, bos_token=f.bos_token, add_generation_prompt=False
+            )
+        return self._formatter_no_gen
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(65536)
         n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     # -- text ------------------------------------------------------------------------------------
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, template_kwargs: dict | None = None
+    ) -> str:
+        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_NAMES}
         try:
-            return self.formatter(messages=messages).prompt
+            return self._formatter_for(add_generation_prompt)(messages=messages, **kwargs).prompt
         # TemplateError: a template that refuses a role or an order of turns; ValueError: the template's
         # raise_exception() (Mistral/Gemma-style templates refuse some turn orders).
         except (jinja2.TemplateError, ValueError) as exc:
             raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
 
-    def chat_tokens(self, messages: list[dict], *, limit: int | None = None) -> list[int]:
+    def chat_tokens(
+        self,
+        messages: list[dict],
+        *,
+        limit: int | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict | None = None,
+    ) -> list[int]:
         """The prompt of a conversation, where only the template's own markup may become control tokens.
 
         Each message's content is swapped for a private-use placeholder before rendering; the
@@ -181,7 +207,10 @@ class LlamaModel:
         # Private-use marks with a per-call nonce: client text cannot contain (or fake) a placeholder.
         nonce = secrets.token_hex(8)
         marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
-        rendered = self.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+        options = {"add_generation_prompt": add_generation_prompt, "template_kwargs": template_kwargs}
+        rendered = self.render_chat(
+            [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)], **options
+        )
         parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
         # split() with one group gives [text, index, text, index, ..., text]
         indices = [int(i) for i in parts[1::2]]
@@ -189,7 +218,7 @@ class LlamaModel:
             # The template transformed the content (sliced it, repeated it): fall back to tokenizing
             # the rendered prompt as a whole, as llama.cpp's own server does.
             log.warning("chat template altered the content placeholders; control-token text in content is parsed")
-            return self.tokenize(self.render_chat(messages), special=True)
+            return self.tokenize(self.render_chat(messages, **options), special=True)
         tokens: list[int] = []
         for j, text in enumerate(parts):
             if j % 2 == 0:
@@ -204,6 +233,19 @@ class LlamaModel:
                     f"prompt is over {limit} tokens (stopped counting at message {j // 2} of {len(messages)}) but a "
                     f"slot holds at most {limit}; shorten the messages"
                 )
+        return tokens
+
+    def raw_tokens(self, messages: list[dict], *, limit: int | None = None) -> list[int]:
+        """The prompt without a chat template: the contents as written, in order, after the model's BOS
+        when its vocabulary asks for one. Control-token text is parsed: whoever writes a raw prompt
+        writes its markup too (TensorRT-Edge-LLM's apply_chat_template=false)."""
+        text = "".join(str(m.get("content") or "") for m in messages)
+        if limit is not None and len(text) > 16 * limit + 1024:  # far more bytes than tokens fit: no need to count
+            raise InvalidRequest(f"prompt is over {limit} tokens but a slot holds at most {limit}; shorten it")
+        tokens = self.tokenize(text, special=True)
+        bos = L.llama_vocab_bos(self.vocab)
+        if L.llama_vocab_get_add_bos(self.vocab) and bos >= 0 and tokens[:1] != [bos]:
+            tokens.insert(0, bos)
         return tokens
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:

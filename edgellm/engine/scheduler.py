@@ -42,6 +42,8 @@ class Scheduler:
         self._aborted: set[str] = set()
         self.stats = StepStats()
         self.token_step = TokenStep(model, self.guides, self.stats, model.n_slots)
+        self._adapter: tuple[str, float] | None = None  # the LoRA adapter applied to the context now
+        self._adapters = None  # lora.AdapterCache, created by the first request that names an adapter
 
     # -- intake ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> EngineOutput | None:
@@ -61,12 +63,22 @@ class Scheduler:
         """Prompt tokens and compiled guide of one request; raises EdgeLLMError for the caller's mistakes."""
         room = self.model.slot_ctx - 1
         try:
-            prompt = self.model.chat_tokens(request.messages, limit=room)
+            if request.apply_chat_template:
+                prompt = self.model.chat_tokens(
+                    request.messages,
+                    limit=room,
+                    add_generation_prompt=request.add_generation_prompt,
+                    template_kwargs=request.template_kwargs,
+                )
+            else:
+                prompt = self.model.raw_tokens(request.messages, limit=room)
         except EdgeLLMError:
             raise
         except Exception as exc:  # a template or tokenizer failure is this request's, never the worker's
             log.warning("request %s: preparing the prompt failed: %r", request.request_id, exc)
             raise InvalidRequest(f"the prompt could not be prepared: {type(exc).__name__}: {exc}"[:500]) from None
+        if not prompt:
+            raise InvalidRequest("the prompt is empty: there is no token to start generating from")
         if len(prompt) > room:
             raise InvalidRequest(
                 f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
@@ -221,6 +233,18 @@ class Scheduler:
             prepared = next((p for p in self.waiting if p.ready), None) if idle else None
             if prepared is None:
                 return
+            adapter = _adapter_key(prepared.request)
+            if adapter != self._adapter:
+                # A LoRA adapter applies to the whole context: switch only once every slot is done with
+                # the current one. Requests behind this one wait too, so it cannot be starved.
+                if len(idle) < len(self.slots):
+                    return
+                try:
+                    self._activate_adapter(adapter)
+                except EdgeLLMError as exc:
+                    self.waiting.remove(prepared)
+                    outputs.append(EngineOutput.failure(prepared.request.request_id, exc.message, exc.error_type))
+                    continue
             self.waiting.remove(prepared)
             if prepared.future.exception() is not None:
                 # Its preparation failed after the check above (the prepare pool runs concurrently).
@@ -229,13 +253,19 @@ class Scheduler:
             prompt, guide = prepared.future.result()
             prepared.prompt = prompt
             # The idle slot whose cached tokens share the longest prefix with this prompt; at least
-            # one prompt token is always decoded again, to get the logits of the first output.
-            shared, slot = max(((s.common_prefix(prepared.prompt), s) for s in idle), key=lambda pair: pair[0])
-            reused = min(shared, len(prepared.prompt) - 1)
+            # one prompt token is always decoded again, to get the logits of the first output. KV
+            # computed under another adapter is not this request's: only same-adapter caches count.
+            lookup = prepared.request.cache_lookup
+            shared, slot = max(
+                ((s.common_prefix(prompt) if lookup and s.cached_adapter == adapter else 0, s) for s in idle),
+                key=lambda pair: pair[0],
+            )
+            reused = min(shared, len(prompt) - 1)
             if not self.model.trim_sequence(slot.seq_id, reused):
                 reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
                 slot.cached = []
             slot.start(prepared, guide, reused)
+            slot.cached_adapter = adapter
             self.stats.reused_tokens += reused
             log.debug(
                 "slot %d admits request %s (%d prompt tokens, %d reused)",
@@ -244,6 +274,16 @@ class Scheduler:
                 len(slot.prompt),
                 reused,
             )
+
+    def _activate_adapter(self, adapter: tuple[str, float] | None) -> None:
+        from edgellm.engine.lora import AdapterCache  # only requests that name an adapter load the module
+
+        if self._adapters is None:
+            self._adapters = AdapterCache()
+        path, scale = adapter if adapter is not None else (None, 0.0)
+        self._adapters.activate(self.model, path, scale)
+        self._adapter = adapter
+        log.info("LoRA adapter now %s", f"{path} (scale {scale})" if path else "none")
 
     def _finish(self, slot: Slot, finish: Finish) -> EngineOutput:
         reason, error, error_type = finish.reason, finish.error, finish.error_type
@@ -274,6 +314,8 @@ class Scheduler:
         out.prompt_tokens = len(slot.prompt)
         out.completion_tokens = n_gen
         out.error, out.error_type = error, error_type
+        out.cached_tokens = slot.reused
+        out.stop_cause = finish.cause if reason is FinishReason.STOP else None
         out.timings = {
             "queue_ms": 1000 * (slot.started_at - slot.queued_at),
             "ttft_ms": 1000 * (first - slot.queued_at),
@@ -282,11 +324,14 @@ class Scheduler:
         }
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
-        slot.reset(keep_cache=True)
+        slot.reset(commit=slot.request.cache_commit)
         return out
 
     def close(self) -> None:
         self._preparer.shutdown(wait=False, cancel_futures=True)
+        if self._adapters is not None:
+            self._adapters.close(self.model)
+            self._adapters = None
 
 
 def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:
@@ -297,6 +342,12 @@ def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:
     # A bug in preparation: this request's failure, never the worker's.
     log.error("request %s: preparation failed", rid, exc_info=exc)
     return EngineOutput.failure(rid, f"internal error while preparing the request: {exc!r}"[:500], "engine_error")
+
+
+def _adapter_key(request: EngineRequest) -> tuple[str, float] | None:
+    if request.lora_path is None or request.lora_scale == 0.0:
+        return None
+    return (request.lora_path, request.lora_scale)
 
 
 def _cancel_text(reason: FinishReason) -> str:

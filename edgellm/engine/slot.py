@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from edgellm.engine.guide_llguidance import Guide
-from edgellm.engine.types import EngineOutput, EngineRequest, TokenLogprob
+from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, TokenLogprob
 
 
 class SlotState(Enum):
@@ -39,6 +39,7 @@ class Slot:
         # Tokens whose KV is still in this sequence from the last request: a new prompt that starts
         # with them skips that part of the prefill (system prompt, earlier chat turns).
         self.cached: list[int] = []
+        self.cached_adapter: tuple[str, float] | None = None  # the LoRA adapter `cached` was computed under
 
     def common_prefix(self, prompt: list[int]) -> int:
         n = 0
@@ -102,8 +103,14 @@ class Slot:
         self.emitted_tokens, self.emitted_bytes = len(self.generated), len(self.data)
         return EngineOutput(self.request_id, final, token_ids=tokens, data=data, logprobs=logprobs)
 
-    def reset(self, *, keep_cache: bool) -> None:
-        self.cached = (self.prompt + self.generated)[: self.n_past] if keep_cache else []
+    def reset(self, *, commit: CacheCommit) -> None:
+        """Free the slot; `commit` says which of its tokens later requests may reuse from its KV."""
+        if commit is CacheCommit.ALL:
+            self.cached = (self.prompt + self.generated)[: self.n_past]
+        elif commit is CacheCommit.PROMPT:
+            self.cached = self.prompt[: self.n_past]
+        else:
+            self.cached = []
         self.state = SlotState.IDLE
         self.request = None
         self.guide = None

@@ -16,7 +16,7 @@ from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, Sample, apply_penalties, sample_row
 from edgellm.engine.slot import Slot
 from edgellm.engine.stats import StepStats
-from edgellm.engine.types import FinishReason, TokenLogprob
+from edgellm.engine.types import FinishReason, StopCause, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Finish:
     reason: FinishReason
     error: str | None = None
     error_type: str | None = None
+    cause: StopCause | None = None  # with FinishReason.STOP: what stopped it
 
 
 class TokenStep:
@@ -56,7 +57,7 @@ class TokenStep:
         if slot.first_token_at is None:
             slot.first_token_at = time.monotonic()
         if self.model.is_eog(token):
-            return Finish(FinishReason.STOP)
+            return Finish(FinishReason.STOP, cause=StopCause.EOS)
         if slot.guide is not None:
             g0 = time.perf_counter()
             ok = slot.guide.accept(token)
@@ -81,9 +82,9 @@ class TokenStep:
                     "the partial text does not conform",
                     "generation_failed",
                 )
-            return Finish(FinishReason.STOP)
+            return Finish(FinishReason.STOP, cause=StopCause.STOP_STRING)
         if slot.guide is not None and slot.guide.is_done():
-            return Finish(FinishReason.STOP)
+            return Finish(FinishReason.STOP, cause=StopCause.GUIDE)
         if len(slot.generated) >= params.max_tokens or slot.n_past + 1 + len(forced) > self.model.slot_ctx:
             return Finish(FinishReason.LENGTH)
         slot.pending = [token, *forced]

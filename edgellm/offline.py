@@ -1,0 +1,104 @@
+"""The engine in-process, without a node: a list of requests in, their finished outputs out.
+
+What `edgellm infer` and `edgellm batch-run --local` run on. The same Scheduler (continuous
+batching, guides, prefix reuse, LoRA) and the same OutputProcessor (UTF-8 assembly, stop strings)
+as the node's worker and API, driven by one loop in the caller's thread, as vLLM's offline `LLM`
+class drives its engine core.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from edgellm.api.output_processor import OutputProcessor, RequestOutput
+from edgellm.engine.config import ModelConfig
+from edgellm.engine.model import LlamaModel
+from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.types import EngineOutput, EngineRequest
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What one generate() call did, for profiles: engine time split and token counts."""
+
+    wall_s: float
+    decode_s: float  # inside llama_decode (prefill and generation together)
+    prompt_tokens: int  # decoded prompt tokens (reused ones not counted)
+    reused_tokens: int  # prompt tokens served from the prefix cache
+    generated_tokens: int
+    steps: int
+    peak_rss_mb: float  # of this process so far (ru_maxrss)
+
+
+class OfflineEngine:
+    """Owns one model and its scheduler. Not thread-safe: one caller drives it."""
+
+    def __init__(self, config: ModelConfig, *, max_waiting: int = 256):
+        self.model = LlamaModel(config)
+        self.scheduler = Scheduler(self.model, max_waiting=max_waiting)
+        self.processor = OutputProcessor()
+        self.max_waiting = max_waiting
+
+    def __enter__(self) -> OfflineEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def generate(
+        self,
+        requests: Iterable[EngineRequest],
+        *,
+        on_finished: Callable[[RequestOutput], None] | None = None,
+    ) -> tuple[list[RequestOutput], RunStats]:
+        """Run every request to its end; outputs come back in the order of `requests`.
+
+        Requests are fed to the scheduler as its queue has room, so a file of 10 000 requests does
+        not hold 10 000 prompts in preparation at once. A request that fails (bad prompt, guide,
+        adapter) fails alone: its output carries the error; the others run on.
+        """
+        pending = deque(requests)
+        order = [r.request_id for r in pending]
+        if len(set(order)) != len(order):
+            raise ValueError("request ids must be unique within one generate() call")
+        finals: dict[str, RequestOutput] = {}
+        stats, t0 = self.scheduler.stats, time.perf_counter()
+        before = (stats.decode_s, stats.prompt_tokens, stats.reused_tokens, stats.generated_tokens, stats.steps)
+
+        def deliver(out: EngineOutput) -> None:
+            result = self.processor.process(out)
+            if result.finished:
+                finals[result.request_id] = result
+                if on_finished is not None:
+                    on_finished(result)
+
+        while pending or self.scheduler.has_work():
+            while pending and len(self.scheduler.waiting) < self.max_waiting:
+                request = pending.popleft()
+                self.processor.add_request(request.request_id, request.sampling.stop)
+                refused = self.scheduler.add_request(request)
+                if refused is not None:
+                    deliver(refused)
+            if not self.scheduler.can_step():
+                self.scheduler.wait_prepared(0.05)
+                continue
+            for out in self.scheduler.step():
+                deliver(out)
+        run = RunStats(
+            wall_s=time.perf_counter() - t0,
+            decode_s=stats.decode_s - before[0],
+            prompt_tokens=stats.prompt_tokens - before[1],
+            reused_tokens=stats.reused_tokens - before[2],
+            generated_tokens=stats.generated_tokens - before[3],
+            steps=stats.steps - before[4],
+            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        )
+        return [finals[rid] for rid in order], run
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.model.close()
