@@ -27,6 +27,7 @@ class RunStats:
 
     wall_s: float
     decode_s: float  # inside llama_decode (prefill and generation together)
+    prefill_s: float  # of decode_s: steps that decoded prompt chunks
     prompt_tokens: int  # decoded prompt tokens (reused ones not counted)
     reused_tokens: int  # prompt tokens served from the prefix cache
     generated_tokens: int
@@ -67,7 +68,14 @@ class OfflineEngine:
             raise ValueError("request ids must be unique within one generate() call")
         finals: dict[str, RequestOutput] = {}
         stats, t0 = self.scheduler.stats, time.perf_counter()
-        before = (stats.decode_s, stats.prompt_tokens, stats.reused_tokens, stats.generated_tokens, stats.steps)
+        before = (
+            stats.decode_s,
+            stats.prompt_tokens,
+            stats.reused_tokens,
+            stats.generated_tokens,
+            stats.steps,
+            stats.prefill_decode_s,
+        )
 
         def deliver(out: EngineOutput) -> None:
             result = self.processor.process(out)
@@ -91,6 +99,7 @@ class OfflineEngine:
         run = RunStats(
             wall_s=time.perf_counter() - t0,
             decode_s=stats.decode_s - before[0],
+            prefill_s=stats.prefill_decode_s - before[5],
             prompt_tokens=stats.prompt_tokens - before[1],
             reused_tokens=stats.reused_tokens - before[2],
             generated_tokens=stats.generated_tokens - before[3],

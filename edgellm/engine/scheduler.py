@@ -120,7 +120,10 @@ class Scheduler:
             return outputs
         t0 = time.perf_counter()
         logits, failed = self._decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
-        self.stats.decode_s += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.stats.decode_s += elapsed
+        if plan.prefill:  # a step that carries prompt chunks (generation tokens may ride along)
+            self.stats.prefill_decode_s += elapsed
         self.stats.steps += 1
         outputs += self.update_from_output(plan, logits, failed)
         return outputs
@@ -291,7 +294,9 @@ class Scheduler:
         first = slot.first_token_at or now
         n_gen = len(slot.generated)
         decode_s = now - first
-        if slot.guide is not None and reason is FinishReason.LENGTH and error is None:
+        # Cut by max_tokens where the grammar could not end (inside a JSON object, not after free text
+        # of a structural tag or a complete regex match): the text does not conform.
+        if slot.guide is not None and reason is FinishReason.LENGTH and error is None and not slot.guide.is_accepting():
             error, error_type = (
                 (
                     "structured output was cut at max_tokens before the grammar completed; "

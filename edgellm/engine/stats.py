@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 class StepStats:
     steps: int = 0
     decode_s: float = 0.0
+    prefill_decode_s: float = 0.0  # of decode_s: steps that decoded prompt chunks
     guide_s: float = 0.0  # mask fill + apply + advance, all slots
     sample_s: float = 0.0
     prompt_tokens: int = 0  # prompt tokens decoded

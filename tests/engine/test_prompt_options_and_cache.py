@@ -1,0 +1,160 @@
+"""Prompt options (raw text, generation prompt, template kwargs), prefix-cache policies, stop causes and
+structural tags, on the real scheduler and the bundled model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import jsonschema
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from edgellm.engine.types import CacheCommit, EngineRequest, GuideKind, GuideSpec, SamplingParams, StopCause
+from edgellm.engine.types import FinishReason as FR
+
+SYSTEM = (
+    "You are the maintenance assistant of greenhouse {n}. The greenhouse has twelve rows of tomatoes, four "
+    "irrigation valves, two fans and a weather station on the roof. Answer in one short sentence."
+)
+
+
+def chat(rid: str, system: str, user: str, **kw) -> EngineRequest:
+    sampling = SamplingParams(temperature=0.0, max_tokens=kw.pop("max_tokens", 8))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return EngineRequest(rid, messages, sampling, **kw)
+
+
+def test_raw_prompt_is_the_text_as_written(engine):
+    model = engine.scheduler.model
+    text = "The capital of France is"
+    out = engine.one(
+        EngineRequest(
+            "raw-1",
+            [{"role": "user", "content": text}],
+            SamplingParams(temperature=0.0, max_tokens=4),
+            apply_chat_template=False,
+        )
+    )
+    assert out.error is None
+    assert out.prompt_tokens == len(model.raw_tokens([{"content": text}]))
+    templated = engine.one(EngineRequest("raw-2", [{"role": "user", "content": text}], SamplingParams(max_tokens=1)))
+    assert templated.prompt_tokens > out.prompt_tokens + 3  # the template's role markup is not there
+
+
+def test_without_generation_prompt_the_assistant_header_is_left_out(engine):
+    model = engine.scheduler.model
+    messages = [{"role": "user", "content": "Hi"}]
+    with_gen = model.chat_tokens(messages)
+    without = model.chat_tokens(messages, add_generation_prompt=False)
+    assert with_gen[: len(without)] == without and len(with_gen) > len(without)
+    out = engine.one(
+        EngineRequest("nogen", messages, SamplingParams(temperature=0.0, max_tokens=2), add_generation_prompt=False)
+    )
+    assert out.prompt_tokens == len(without)
+
+
+def test_template_kwargs_reach_the_template(engine):
+    # The bundled SmolLM2 template has no enable_thinking switch: a real formatter with a template that
+    # has one (as Qwen3's does) shows the flag arrives; reserved names cannot be overridden.
+    model = engine.scheduler.model
+    saved = model.formatter
+    model.formatter = Jinja2ChatFormatter(
+        template="{{ 'THINK' if enable_thinking else 'NOTHINK' }}:{{ messages[0]['content'] }}",
+        eos_token="</s>",
+        bos_token="",
+    )
+    try:
+        msgs = [{"role": "user", "content": "x"}]
+        assert model.render_chat(msgs, template_kwargs={"enable_thinking": True}) == "THINK:x"
+        assert model.render_chat(msgs, template_kwargs={"enable_thinking": False}) == "NOTHINK:x"
+        assert model.render_chat(msgs, template_kwargs={"messages": [], "enable_thinking": True}) == "THINK:x"
+    finally:
+        model.formatter = saved
+
+
+def test_a_repeated_system_prompt_is_reused_and_bypass_skips_it(engine):
+    system = SYSTEM.format(n=101)
+    first = engine.one(chat("cache-1", system, "Which valve is open?"))
+    assert first.error is None
+    again = engine.one(chat("cache-2", system, "How many fans are there?"))
+    assert again.cached_tokens > 40  # the system turn at least
+    bypass = engine.one(chat("cache-3", system, "How many rows?", cache_lookup=False, cache_commit=CacheCommit.NONE))
+    assert bypass.cached_tokens == 0
+
+
+def test_bypass_does_not_publish_what_it_computed(engine):
+    system = SYSTEM.format(n=202)
+    engine.one(chat("pub-1", system, "Which valve?", cache_lookup=False, cache_commit=CacheCommit.NONE))
+    after = engine.one(chat("pub-2", system, "Which fan?"))
+    assert after.cached_tokens == 0
+
+
+def test_prefill_state_only_publishes_the_prompt_but_not_the_answer(engine):
+    system = SYSTEM.format(n=303)
+    user = "Name one vegetable."
+    a = engine.one(chat("commit-1", system, user, cache_commit=CacheCommit.PROMPT, max_tokens=6))
+    follow = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": a.text},
+        {"role": "user", "content": "And a fruit?"},
+    ]
+    b = engine.one(EngineRequest("commit-2", follow, SamplingParams(temperature=0.0, max_tokens=4)))
+    assert 0 < b.cached_tokens <= a.prompt_tokens  # the prompt's KV, nothing of the generated tokens
+
+    system2 = SYSTEM.format(n=304)
+    c = engine.one(chat("commit-3", system2, user, cache_commit=CacheCommit.ALL, max_tokens=6))
+    follow2 = [{"role": "system", "content": system2}, *follow[1:2]]
+    follow2 += [{"role": "assistant", "content": c.text}, {"role": "user", "content": "And a fruit?"}]
+    d = engine.one(EngineRequest("commit-4", follow2, SamplingParams(temperature=0.0, max_tokens=4)))
+    assert d.cached_tokens > c.prompt_tokens  # the answer's tokens were published too
+
+
+def test_stop_causes_are_told_apart(engine):
+    eos = engine.one(chat("cause-1", "Reply with one word.", "Say yes.", max_tokens=64))
+    assert eos.finish_reason is FR.STOP and eos.stop_cause is StopCause.EOS
+    story = EngineRequest(
+        "cause-2",
+        [{"role": "user", "content": "Write a short story about a robot."}],
+        SamplingParams(temperature=0.0, max_tokens=64, stop=[" the "]),
+    )
+    stopped = engine.one(story)
+    assert stopped.finish_reason is FR.STOP and stopped.stop_cause is StopCause.STOP_STRING
+    guided = engine.one(
+        replace(
+            story,
+            request_id="cause-3",
+            sampling=SamplingParams(temperature=0.0, max_tokens=8),
+            guide=GuideSpec(GuideKind.CHOICE, ["yes", "no"]),
+        )
+    )
+    assert guided.finish_reason is FR.STOP and guided.stop_cause is StopCause.GUIDE and guided.text in ("yes", "no")
+    cut = engine.one(replace(story, request_id="cause-4", sampling=SamplingParams(temperature=0.0, max_tokens=3)))
+    assert cut.finish_reason is FR.LENGTH and cut.stop_cause is None
+
+
+def test_structural_tag_free_text_then_the_structure(engine):
+    # The trigger is a word the model writes early in any story, so the structure is entered for sure.
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}, "rain": {"type": "boolean"}},
+        "required": ["city", "rain"],
+        "additionalProperties": False,
+    }
+    spec = {"triggers": [" the"], "structures": [{"begin": " the weather: ", "schema": schema, "end": "."}]}
+    out = engine.one(
+        EngineRequest(
+            "stag",
+            [{"role": "user", "content": "Write a short story about a robot in the city."}],
+            SamplingParams(temperature=0.0, max_tokens=80),
+            GuideSpec(GuideKind.STRUCTURAL_TAG, spec),
+        )
+    )
+    assert out.error is None, out.error
+    assert " the weather: " in out.text
+    for part in out.text.split(" the weather: ")[1:]:
+        if "}." not in part:  # the last structure may be cut by max_tokens
+            assert out.finish_reason is FR.LENGTH
+            continue
+        body = part[: part.index("}.") + 1]
+        jsonschema.validate(json.loads(body), schema)
