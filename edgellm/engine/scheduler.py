@@ -335,7 +335,7 @@ class Scheduler:
     def close(self) -> None:
         self._preparer.shutdown(wait=False, cancel_futures=True)
         if self._adapters is not None:
-            self._adapters.close(self.model)
+            self._adapters.close()
             self._adapters = None
 
 
