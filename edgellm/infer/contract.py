@@ -129,14 +129,19 @@ def _key_text(key: str) -> str:
 def _path(parts: tuple[str | int, ...] | list[str | int], *, relative: bool = False) -> str:
     """`requests[2].logit_bias["12"]`; relative=True: a continuation (`.name` even first)."""
     out = ""
+    if len(parts) > 12:  # a path 100 levels deep says no more than its first steps
+        parts = [*parts[:10], "..."]
     for part in parts:
+        if part == "...":
+            out += "..."
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         elif _IDENT.fullmatch(part):
             out += f".{part}" if out or relative else part
         else:
             out += f"[{_key_text(part)}]"
-    return out if len(out) <= 200 else out[:197] + "..."
+    return out if len(out) <= 160 else out[:157] + "..."
 
 
 def _got(value: Any) -> str:
@@ -268,7 +273,7 @@ def _check_tree(value: Any, depth: int = 0) -> None:
             if level >= MAX_JSON_DEPTH:
                 fail(entry, f"nests deeper than {MAX_JSON_DEPTH} levels")
             if isinstance(item, _DupDict):
-                fail(entry, f"duplicate key {_key_text(item.duplicate)}")
+                fail((None, entry, item.duplicate, level + 1), "key appears more than once in its object")
             if isinstance(item, list):
                 stack.extend((child, entry, i, level + 1) for i, child in reversed(list(enumerate(item))))
                 continue
@@ -521,12 +526,16 @@ _GUIDE_DEPTH = 4
 
 def _escaped(kind: GuideKind, text: str) -> Any:
     """The value an escaped JSON string stands for, checked as the file is (surrogates, depth, ...)."""
+    sub = f".{kind.value}"
     try:
         value = _loads(text)
+    except _JsonProblem as p:
+        raise _Problem(f"escaped JSON string {p.problem}", sub) from None
+    try:
         _check_tree(value, depth=_GUIDE_DEPTH)
     except _JsonProblem as p:
-        inner = f"at {_path(p.parts, relative=True)}: " if p.parts else ""
-        raise _Problem(f"escaped JSON string: {inner}{p.problem}", f".{kind.value}") from None
+        where = f" at {_path(p.parts, relative=True)}" if p.parts else ""
+        raise _Problem(f"escaped JSON string{where}: {p.problem}", sub) from None
     return value
 
 
@@ -694,7 +703,8 @@ def load_job(
     except OSError as exc:
         raise InferInputError(f"cannot read the input file {str(path)!r}: {exc.strerror or exc}") from None
     if len(raw) > MAX_FILE_BYTES:
-        raise InferInputError(f"the input file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+        limit = f"{MAX_FILE_BYTES >> 20} MiB" if MAX_FILE_BYTES % (1 << 20) == 0 else f"{MAX_FILE_BYTES} bytes"
+        raise InferInputError(f"the input file is larger than {limit}")
     try:
         text = raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
@@ -748,7 +758,7 @@ def parse_job(
             raise InferInputError(
                 f"{where}: {_got(req.lora_name)} is not in available_lora_weights ({declared})", path=where
             )
-    guide_errors: dict[str, str | None] = {}
+    guide_errors: dict[Any, str | None] = {}
     items = [_item(i, req, data["requests"][i]["messages"], top, guide_errors) for i, req in enumerate(model.requests)]
     batches = _batches(items, top["batch_size"])
     return InferJob(input_file, top["batch_size"], items, batches, dict(weights), _profile_top(top))
@@ -772,7 +782,7 @@ def _profile_top(top: dict[str, Any]) -> dict[str, Any]:
 
 
 def _item(
-    idx: int, req: Request, raw_messages: list, top: dict[str, Any], guide_errors: dict[str, str | None]
+    idx: int, req: Request, raw_messages: list, top: dict[str, Any], guide_errors: dict[Any, str | None]
 ) -> InferItem:
     error = None
     messages = []
@@ -838,10 +848,13 @@ def _item(
     return InferItem(idx, 0, raw_messages, request, req.lora_name, error, seed, drawn, bool(req.disable_spec_decode))
 
 
-def _guide_problem(guide: GuideSpec, cache: dict[str, str | None]) -> str | None:
-    """What grammar_for says about a guide (None: fine); each distinct guide is compiled once."""
+def _guide_problem(guide: GuideSpec, cache: dict[Any, str | None]) -> str | None:
+    """What grammar_for says about a guide (None: fine); each distinct guide is compiled once, and the
+    top-level guide (one object, shared by every request) is not even serialised again."""
     from edgellm.engine.guide_llguidance import grammar_for  # llguidance: only when a file has guides
 
+    if id(guide) in cache:
+        return cache[id(guide)]
     key = f"{guide.kind.value}:{json.dumps(guide.spec, sort_keys=True)}"
     if key not in cache:
         try:
@@ -849,6 +862,7 @@ def _guide_problem(guide: GuideSpec, cache: dict[str, str | None]) -> str | None
             cache[key] = None
         except GuideError as exc:
             cache[key] = exc.message
+    cache[id(guide)] = cache[key]  # the GuideSpecs live as long as the job's models: ids stay theirs
     return cache[key]
 
 
