@@ -29,6 +29,7 @@ def chat(content: str = "Say hello.", **fields) -> dict:
 SLOW_FILES = (
     "tests/engine/",
     "tests/batch/",
+    "tests/infer/test_infer_run.py",
     "tests/ratio1/",
     "test_http_api.py",
     "test_modes_and_auth.py",

@@ -1,4 +1,5 @@
-"""The `edgellm` command: `serve` runs the node, `batch-run` sends a batch, `ratio1-node` runs a Ratio1 node."""
+"""The `edgellm` command: `serve` runs the node, `batch-run` sends a batch, `infer` runs a TensorRT-Edge-LLM
+batch file in-process, `ratio1-node` runs a Ratio1 node."""
 
 from __future__ import annotations
 
@@ -200,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--mqtt-port", type=int, help="local broker port (default 1883, or a free one if taken)")
     node.add_argument("--pipelines", help="folder of pipeline JSON files (default configs/ratio1/pipelines)")
     node.set_defaults(func=_ratio1_node)
+
+    infer = sub.add_parser(
+        "infer", help="run a TensorRT-Edge-LLM input JSON on the local engine (no server) -> output JSON"
+    )
+    from edgellm.infer.cli import add_infer_arguments, run_infer_command
+
+    add_infer_arguments(infer)
+    infer.set_defaults(func=run_infer_command)
 
     synth = sub.add_parser("synth", help="generate schema-valid synthetic JSON records through a node -> JSONL")
     from edgellm.synth.cli import add_synth_arguments

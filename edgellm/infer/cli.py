@@ -1,0 +1,107 @@
+"""`edgellm infer`: arguments, progress bar, files and exit codes over infer.runner.
+
+Exit codes: 0 every request ok, 1 some request failed (the output file is complete), 2 unusable
+input (nothing run, no output written), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def add_infer_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="TensorRT-Edge-LLM input JSON (current or older format)")
+    p.add_argument("--output", required=True, help="output JSON: {input_file, responses: [...]} in input order")
+    p.add_argument("--model", help="GGUF file (default: model_path of the settings, else the bundled SmolLM2)")
+    p.add_argument("--config", help="YAML settings file, as for `edgellm serve` (threads, GPU layers, KV type)")
+    p.add_argument("--profile", help="write timings, tokens/s, reused prefix tokens and peak memory here (JSON)")
+    p.add_argument("--batch-size", type=int, help="replaces the file's batch_size")
+    p.add_argument("--max-generate-length", type=int, help="replaces the file's max_generate_length")
+    p.add_argument("--num-logprobs", type=int, help="replaces the file's top-level num_logprobs (0-50)")
+    p.add_argument("--warmup", type=int, default=0, help="untimed runs of the first request before the file")
+    p.add_argument("--max-seq-len", type=int, default=2048, help="tokens per request, prompt + output (default 2048)")
+    p.add_argument(
+        "--lora-dir",
+        action="append",
+        default=[],
+        help="folder LoRA adapters may be read from (repeatable; the input file's folder always is)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _fail(message: str) -> int:
+    print(f"edgellm infer: {message}", file=sys.stderr)
+    return 2
+
+
+def write_json(path: str, document: dict[str, Any]) -> None:
+    """Whole or not at all: a temp file in the same folder, then rename."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, ensure_ascii=False, indent=2)
+            f.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_infer_command(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from edgellm.errors import EdgeLLMError
+    from edgellm.infer.contract import load_job
+    from edgellm.infer.runner import InferOptions, run_job
+    from edgellm.runtime.settings import load_settings
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    if args.warmup < 0:
+        return _fail("--warmup must be >= 0")
+    if not 64 <= args.max_seq_len <= 1 << 20:
+        return _fail("--max-seq-len must be in [64, 1048576]")
+    try:
+        job = load_job(
+            Path(args.input),
+            batch_size=args.batch_size,
+            max_generate_length=args.max_generate_length,
+            num_logprobs=args.num_logprobs,
+        )
+        settings = load_settings(args.config, model_path=args.model)
+        options = InferOptions(
+            model=settings.model(),
+            max_seq_len=args.max_seq_len,
+            warmup=args.warmup,
+            lora_dirs=tuple(args.lora_dir),
+        )
+    except EdgeLLMError as exc:
+        return _fail(exc.message)
+    bar = tqdm(
+        total=len(job.items), unit="req", desc="infer", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty()
+    )
+    try:
+        result = run_job(job, options, on_request_done=lambda: bar.update(1))
+    except KeyboardInterrupt:
+        print("edgellm infer: interrupted; no output written", file=sys.stderr)
+        return 130
+    except EdgeLLMError as exc:  # the model could not be loaded, ...
+        return _fail(exc.message)
+    finally:
+        bar.close()
+    write_json(args.output, result.document)
+    if args.profile:
+        write_json(args.profile, result.profile)
+    if result.failed:
+        print(f"edgellm infer: {result.failed} of {len(job.items)} requests failed; see {args.output}", file=sys.stderr)
+        return 1
+    return 0

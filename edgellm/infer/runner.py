@@ -1,0 +1,304 @@
+"""`edgellm infer`: a parsed TensorRT-Edge-LLM job -> its output document (and profile) on the local engine.
+
+Batches run one after another, as the format defines them (`batch_size` requests share the engine's
+slots; one LoRA adapter and one logprobs K per batch); inside a batch the scheduler batches
+continuously. A request that cannot run (its content, guide or adapter) fails alone; a batch that
+breaks a batch rule fails as a whole; nothing stops the rest of the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from edgellm.api.output_processor import RequestOutput
+from edgellm.engine.config import ModelConfig
+from edgellm.engine.types import EngineRequest, FinishReason, SamplingParams, StopCause
+from edgellm.errors import EdgeLLMError
+from edgellm.infer.contract import InferBatch, InferItem, InferJob
+from edgellm.offline import OfflineEngine, RunStats
+
+log = logging.getLogger(__name__)
+
+MAX_SLOTS = 64  # a batch_size above this still runs, its requests queue for slots
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    model: ModelConfig  # path, threads, GPU layers, KV type from the node's settings; n_ctx/n_slots are set here
+    max_seq_len: int = 2048  # tokens per request, prompt + generated (TensorRT-Edge-LLM's maxSeqLen)
+    warmup: int = 0  # untimed runs of the first request before the file
+    lora_dirs: tuple[str, ...] = ()  # adapters must live under one of these (besides the input file's folder)
+    lora_cache_dir: str = field(default_factory=lambda: _default_cache_dir())
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "edgellm", "lora")
+
+
+@dataclass
+class InferResult:
+    document: dict[str, Any]  # the output JSON
+    profile: dict[str, Any]
+    failed: int  # requests that ended in error (the process exits 1 when > 0)
+
+
+def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
+    """One slot per request of a batch (up to MAX_SLOTS), each max_seq_len tokens long."""
+    n_slots = max(1, min(job.batch_size, MAX_SLOTS))
+    return replace(
+        options.model,
+        n_slots=n_slots,
+        n_ctx=n_slots * options.max_seq_len,
+        n_batch=max(options.model.n_batch, n_slots),
+    )
+
+
+def run_job(job: InferJob, options: InferOptions, *, on_request_done: Callable[[], None] | None = None) -> InferResult:
+    started = time.perf_counter()
+    config = engine_config(job, options)
+    t_load = time.perf_counter()
+    with OfflineEngine(config) as engine:
+        load_s = time.perf_counter() - t_load
+        runner = _Runner(job, options, engine, on_request_done)
+        warmup_s = runner.warm_up(options.warmup)
+        for batch in job.batches:
+            runner.run_batch(batch)
+        model_info = {
+            "path": config.path,
+            "name": engine.model.name,
+            "device": engine.model.offload.device,
+            "n_gpu_layers": engine.model.offload.n_gpu_layers,
+            "n_threads": engine.model.n_threads,
+            "n_slots": engine.model.n_slots,
+            "slot_ctx": engine.model.slot_ctx,
+        }
+    responses = [runner.responses[i] for i in range(len(job.items))]
+    failed = sum(1 for r in responses if r["finish_reason"] == "error" or r.get("error"))
+    document = {"input_file": job.input_file, "responses": responses}
+    profile = _profile(job, runner, model_info, load_s, warmup_s, time.perf_counter() - started, failed)
+    return InferResult(document, profile, failed)
+
+
+class _Runner:
+    def __init__(self, job: InferJob, options: InferOptions, engine: OfflineEngine, on_done: Callable[[], None] | None):
+        self.job, self.options, self.engine, self.on_done = job, options, engine, on_done
+        self.responses: dict[int, dict[str, Any]] = {}
+        self.batch_profiles: list[dict[str, Any]] = []
+        self._adapters: dict[str, str] = {}  # lora name -> GGUF path (converted once)
+        self._base_dir = Path(job.input_file).resolve().parent
+
+    # -- warm-up ---------------------------------------------------------------------------------
+    def warm_up(self, runs: int) -> float:
+        """Untimed runs of the first runnable request (short), so the profile measures a warm engine."""
+        first = next((item for item in self.job.items if item.error is None), None)
+        if runs <= 0 or first is None:
+            return 0.0
+        t0 = time.perf_counter()
+        sampling = replace(first.request.sampling, max_tokens=min(8, first.request.sampling.max_tokens))
+        warm = [
+            replace(first.request, request_id=f"#warm-up-{i}", sampling=sampling, lora_path=None) for i in range(runs)
+        ]
+        self.engine.generate(warm)
+        return time.perf_counter() - t0
+
+    # -- one batch -------------------------------------------------------------------------------
+    def run_batch(self, batch: InferBatch) -> None:
+        items = [self.job.items[i] for i in batch.item_indices]
+        error = batch.error
+        lora_path = None
+        if error is None and batch.lora_name is not None:
+            try:
+                lora_path = self._adapter(batch.lora_name)
+            except EdgeLLMError as exc:
+                error = f"LoRA adapter {batch.lora_name!r}: {exc.message}"
+        runnable: list[tuple[InferItem, EngineRequest]] = []
+        for item in items:
+            if error is not None or item.error is not None:
+                self._respond_failed(item, error or item.error or "")
+            else:
+                runnable.append((item, self._engine_request(item, batch, lora_path)))
+        if not runnable:
+            self.batch_profiles.append({"batch_idx": batch.batch_idx, "requests": len(items), "error": error})
+            return
+        outputs, stats = self.engine.generate([request for _, request in runnable], on_finished=self._tick)
+        for (item, request), out in zip(runnable, outputs, strict=True):
+            self._respond(item, request, out)
+        self.batch_profiles.append(_batch_profile(batch, len(items), outputs, stats))
+
+    def _tick(self, _: RequestOutput | None = None) -> None:
+        if self.on_done is not None:
+            self.on_done()
+
+    def _adapter(self, name: str) -> str:
+        if name not in self._adapters:
+            from edgellm.engine.lora import gguf_adapter, resolve_adapter_path
+
+            allowed = [self._base_dir, *self.options.lora_dirs]
+            source = resolve_adapter_path(self.job.lora_weights[name], allowed, base_dir=self._base_dir)
+            path = gguf_adapter(source, self.options.model.path, Path(self.options.lora_cache_dir))
+            self._adapters[name] = str(path)
+        return self._adapters[name]
+
+    def _engine_request(self, item: InferItem, batch: InferBatch, lora_path: str | None) -> EngineRequest:
+        sampling: SamplingParams = item.request.sampling
+        n_vocab = self.engine.model.n_vocab
+        unknown = sorted(t for t in sampling.logit_bias if t >= n_vocab)
+        if unknown:
+            # As TensorRT-Edge-LLM does with ids outside its vocabulary: the entry is ignored, with a warning.
+            log.warning(
+                "request %d: logit_bias token ids %s are not in the model's vocabulary (%d tokens); ignored",
+                item.request_idx,
+                unknown[:8],
+                n_vocab,
+            )
+            sampling = replace(sampling, logit_bias={t: b for t, b in sampling.logit_bias.items() if t < n_vocab})
+        return replace(item.request, sampling=sampling, lora_path=lora_path)
+
+    # -- responses -------------------------------------------------------------------------------
+    def _formatted(self, item: InferItem) -> str:
+        request = item.request
+        model = self.engine.model
+        try:
+            if not request.apply_chat_template:
+                return "".join(str(m.get("content") or "") for m in request.messages)
+            return model.render_chat(
+                request.messages,
+                add_generation_prompt=request.add_generation_prompt,
+                template_kwargs=request.template_kwargs,
+            )
+        except EdgeLLMError:
+            return ""
+
+    def _base_response(self, item: InferItem) -> dict[str, Any]:
+        return {
+            "request_idx": item.request_idx,
+            "batch_idx": item.batch_idx,
+            "messages": item.messages,
+            "formatted_complete_request": self._formatted(item) if item.error is None else "",
+        }
+
+    def _respond_failed(self, item: InferItem, error: str) -> None:
+        self.responses[item.request_idx] = {
+            "output_text": "",
+            **self._base_response(item),
+            "finish_reason": "error",
+            "error": error,
+        }
+        self._tick()
+
+    def _respond(self, item: InferItem, request: EngineRequest, out: RequestOutput) -> None:
+        response: dict[str, Any] = {
+            "output_text": out.text,
+            **self._base_response(item),
+            "finish_reason": finish_reason(out),
+        }
+        if out.error:
+            response["error"] = out.error
+        if out.logprobs is not None:
+            response["logprobs"] = [
+                [_candidate(c["token_id"], c["token"], c["bytes"], c["logprob"]) for c in entry.top_logprobs]
+                for entry in out.logprobs
+            ]
+            # The sampled tokens themselves (top-K need not hold one at temperature > 0): their bytes,
+            # concatenated, are exactly the generated text (before a stop string cut it).
+            response["output_token_logprobs"] = [
+                _candidate(e.token_id, e.token, e.bytes, e.logprob) for e in out.logprobs
+            ]
+        response["sampling_seed"] = request.sampling.seed
+        response["usage"] = {
+            "prompt_tokens": out.prompt_tokens,
+            "generated_tokens": out.completion_tokens,
+            "reused_prefix_tokens": out.cached_tokens,
+        }
+        self.responses[item.request_idx] = response
+
+
+def _candidate(token_id: int, token: str, data: list[int], logprob: float) -> dict[str, Any]:
+    return {"token_id": token_id, "token": token, "bytes": data, "logprob": logprob}
+
+
+def finish_reason(out: RequestOutput) -> str:
+    """The TensorRT-Edge-LLM names: end-of-sequence | max-length | stop-words | error | cancelled."""
+    if out.finish_reason is FinishReason.STOP:
+        return "stop-words" if out.stop_cause is StopCause.STOP_STRING else "end-of-sequence"
+    if out.finish_reason is FinishReason.LENGTH:
+        return "max-length"
+    if out.finish_reason is FinishReason.ABORT:
+        return "cancelled"
+    return "error"
+
+
+# -- profile -------------------------------------------------------------------------------------
+
+
+def _batch_profile(batch: InferBatch, n_items: int, outputs: list[RequestOutput], stats: RunStats) -> dict[str, Any]:
+    generation_s = max(0.0, stats.decode_s - stats.prefill_s)
+    ttfts = sorted(o.timings.get("ttft_ms", 0.0) for o in outputs if o.timings)
+    return {
+        "batch_idx": batch.batch_idx,
+        "requests": n_items,
+        "lora_name": batch.lora_name,
+        "num_logprobs": batch.num_logprobs,
+        "wall_ms": round(1000 * stats.wall_s, 2),
+        "prefill_ms": round(1000 * stats.prefill_s, 2),
+        "generation_ms": round(1000 * generation_s, 2),
+        "prefill_tokens": stats.prompt_tokens,
+        "reused_prefix_tokens": stats.reused_tokens,
+        "generated_tokens": stats.generated_tokens,
+        "prefill_tokens_per_s": _rate(stats.prompt_tokens, stats.prefill_s),
+        "generation_tokens_per_s": _rate(stats.generated_tokens, generation_s),
+        "ttft_ms_median": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
+        "steps": stats.steps,
+    }
+
+
+def _rate(tokens: int, seconds: float) -> float | None:
+    return round(tokens / seconds, 2) if seconds > 0 else None
+
+
+def _profile(
+    job: InferJob,
+    runner: _Runner,
+    model_info: dict[str, Any],
+    load_s: float,
+    warmup_s: float,
+    total_s: float,
+    failed: int,
+) -> dict[str, Any]:
+    batches = runner.batch_profiles
+    prefill_ms = sum(b.get("prefill_ms", 0.0) for b in batches)
+    generation_ms = sum(b.get("generation_ms", 0.0) for b in batches)
+    prefill_tokens = sum(b.get("prefill_tokens", 0) for b in batches)
+    generated = sum(b.get("generated_tokens", 0) for b in batches)
+    run_ms = sum(b.get("wall_ms", 0.0) for b in batches)
+    return {
+        "input_file": job.input_file,
+        "model": model_info,
+        "requests": len(job.items),
+        "failed": failed,
+        "batch_size": job.batch_size,
+        "batches": batches,
+        "totals": {
+            "model_load_ms": round(1000 * load_s, 2),
+            "warmup_ms": round(1000 * warmup_s, 2),
+            "run_ms": round(run_ms, 2),
+            "total_ms": round(1000 * total_s, 2),
+            "prefill_ms": round(prefill_ms, 2),
+            "generation_ms": round(generation_ms, 2),
+            "prefill_tokens": prefill_tokens,
+            "reused_prefix_tokens": sum(b.get("reused_prefix_tokens", 0) for b in batches),
+            "generated_tokens": generated,
+            "prefill_tokens_per_s": _rate(prefill_tokens, prefill_ms / 1000),
+            "generation_tokens_per_s": _rate(generated, generation_ms / 1000),
+            "end_to_end_tokens_per_s": _rate(generated, run_ms / 1000),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        },
+    }
