@@ -841,8 +841,8 @@ def _item(
         template_kwargs={"enable_thinking": top["enable_thinking"]},
         cache_lookup=lookup,
         cache_commit=commit,
-        # The path as written (relative to the working directory, as llm_inference reads it); the
-        # engine's adapter cache loads it.
+        # The path as written; the runner resolves it (a relative one against the input file's folder)
+        # and converts a PEFT safetensors adapter to GGUF before the batch runs.
         lora_path=top["available_lora_weights"][req.lora_name] if req.lora_name is not None else None,
     )
     return InferItem(idx, 0, raw_messages, request, req.lora_name, error, seed, drawn, bool(req.disable_spec_decode))
