@@ -71,6 +71,19 @@ class ServiceConfig:
     min_completion_tokens: int = MIN_COMPLETION_TOKENS  # the seed endpoints' floor; OpenAI's is 1
     max_completion_tokens: int = MAX_COMPLETION_TOKENS
 
+    def limits(self) -> dict[str, Any]:
+        """The keyword arguments of parse_chat_request / parse_openai_request for this node."""
+        return {
+            "default_timeout": self.default_timeout_s,
+            "max_timeout": self.max_timeout_s,
+            "max_messages": self.max_messages,
+            "max_prompt_bytes": self.max_prompt_bytes,
+            "min_temperature": self.temperature_min,
+            "max_temperature": self.temperature_max,
+            "min_max_tokens": self.min_completion_tokens,
+            "max_max_tokens": self.max_completion_tokens,
+        }
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -93,6 +106,47 @@ class Outcome:
             raise WaitTimeout(f"request {self.request_id} timed out: {self.error}", request_id=self.request_id)
         cls = _ERROR_CLASSES.get(self.error_type or "", EngineError)
         raise cls(self.error or "request failed", request_id=self.request_id)
+
+
+def outcome_of(out: RequestOutput, model_name: str) -> Outcome:
+    """How a final engine output ends its request: the stored result (seed 003 shape) or the error."""
+    status, error, error_type = status_of(out)
+    result = build_result(out.request_id, model_name, out) if status is RequestStatus.COMPLETED else None
+    return Outcome(out.request_id, status, result, error, error_type)
+
+
+def check_vocabulary(request: ChatRequest, n_vocab: int | None) -> None:
+    """logit_bias token ids must be in the model's vocabulary (when it is known): a 400, not a failure mid-run."""
+    if n_vocab and request.logit_bias:
+        bad = [t for t in request.logit_bias if t >= n_vocab]
+        if bad:
+            raise InvalidRequest(
+                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
+            )
+
+
+def parse_openai_now(body: Any, config: ServiceConfig, n_vocab: int | None) -> tuple[ChatRequest, OpenAIOptions]:
+    """`Service.parse_openai` without a service or an event loop (`edgellm batch-run --local`): the same
+    rules in the same order (body, then the guide compiles, then the vocabulary), the same errors."""
+    request, opts = parse_openai_request(body, config.model_name, **config.limits())
+    if request.guide is not None:
+        grammar_for(request.guide)
+    check_vocabulary(request, n_vocab)
+    return request, opts
+
+
+def engine_request(
+    request_id: str, request: ChatRequest, seed: int, *, created_at: float, stream: bool = False
+) -> EngineRequest:
+    """What the engine is sent for a validated request; its deadline counts from `created_at`."""
+    return EngineRequest(
+        request_id=request_id,
+        messages=request.messages,
+        sampling=request.sampling(seed),
+        guide=request.guide,
+        deadline=created_at + request.timeout,
+        stream=stream,
+    )
 
 
 FINISH_WRITE_RETRIES = (0.05, 0.2, 0.5)  # seconds between attempts to store a result
@@ -163,28 +217,15 @@ class Service:
     # -- submit ------------------------------------------------------------------------------
     async def parse(self, body: Any) -> ChatRequest:
         """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits."""
-        request = parse_chat_request(body, **self._limits())
+        request = parse_chat_request(body, **self.config.limits())
         await self.check_engine_limits(request)
         return request
 
     async def parse_openai(self, body: Any) -> tuple[ChatRequest, OpenAIOptions]:
         """An OpenAI chat-completions body -> a validated request and the response options."""
-        request, opts = parse_openai_request(body, self.model_name, **self._limits())
+        request, opts = parse_openai_request(body, self.model_name, **self.config.limits())
         await self.check_engine_limits(request)
         return request, opts
-
-    def _limits(self) -> dict[str, Any]:
-        c = self.config
-        return {
-            "default_timeout": c.default_timeout_s,
-            "max_timeout": c.max_timeout_s,
-            "max_messages": c.max_messages,
-            "max_prompt_bytes": c.max_prompt_bytes,
-            "min_temperature": c.temperature_min,
-            "max_temperature": c.temperature_max,
-            "min_max_tokens": c.min_completion_tokens,
-            "max_max_tokens": c.max_completion_tokens,
-        }
 
     async def check_engine_limits(self, request: ChatRequest) -> None:
         """What only the engine knows: the guide compiles (cached), bias token ids are in the vocabulary.
@@ -194,13 +235,7 @@ class Service:
         """
         if request.guide is not None:
             await asyncio.to_thread(grammar_for, request.guide)
-        n_vocab = (self.engine.info or {}).get("n_vocab") if self.engine else None
-        if n_vocab and request.logit_bias:
-            bad = [t for t in request.logit_bias if t >= n_vocab]
-            if bad:
-                raise InvalidRequest(
-                    f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
-                )
+        check_vocabulary(request, (self.engine.info or {}).get("n_vocab") if self.engine else None)
 
     def in_flight(self) -> int:
         return (self.engine.in_flight() if self.engine is not None else 0) + self._registering
@@ -245,16 +280,7 @@ class Service:
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
         self.outputs.add_request(request_id, request.stop)
-        self.engine.submit(
-            EngineRequest(
-                request_id=request_id,
-                messages=request.messages,
-                sampling=request.sampling(seed),
-                guide=request.guide,
-                deadline=created_at + request.timeout,
-                stream=stream,
-            )
-        )
+        self.engine.submit(engine_request(request_id, request, seed, created_at=created_at, stream=stream))
 
     def _require_engine(self) -> None:
         if self.draining:
@@ -279,11 +305,10 @@ class Service:
             if not out.finished:
                 self._post(self._push_delta, out)
                 continue
-            status, error, error_type = status_of(out)
-            result = build_result(out.request_id, self.model_name, out) if status is RequestStatus.COMPLETED else None
-            finals.append(Outcome(out.request_id, status, result, error, error_type))
+            outcome = outcome_of(out, self.model_name)
+            finals.append(outcome)
             self.instruments.finished(
-                status.value,
+                outcome.status.value,
                 prompt_tokens=out.prompt_tokens,
                 completion_tokens=out.completion_tokens,
                 timings=out.timings,

@@ -1,4 +1,8 @@
-"""`edgellm batch-run`: requests.json -> results.jsonl against any OpenAI-compatible chat endpoint.
+"""`edgellm batch-run`: requests.json -> results.jsonl against any OpenAI-compatible chat endpoint,
+or (`--local`, batch/local.py) on the in-process engine, answered as the node's OpenAI route would.
+
+Everything but the sending is shared: a `Transport` (HTTP: `HttpTransport`; local: `LocalTransport`)
+turns pending requests into result lines, and run_batch journals, orders, resumes and exits alike.
 
 Each finished request is appended to the journal `<out>.partial` at once (a crash loses nothing
 already done); at the end, and on Ctrl-C, `<out>` is written in input order with what finished.
@@ -22,12 +26,12 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import requests
 from tqdm import tqdm
@@ -54,13 +58,13 @@ class BatchInputError(EdgeLLMError):
 
 @dataclass(frozen=True)
 class BatchOptions:
-    endpoint: str
+    endpoint: str = ""  # the HTTP transport's; unused with --local
     concurrency: int = 4
     timeout_s: float = 600.0  # per HTTP attempt; a request's whole budget is timeout_s * (retries + 1)
     retries: int = 2
     api_key: str | None = None
     model: str | None = None  # overrides every request's model
-    progress: bool = True
+    progress: bool = True  # a tqdm bar on stderr, when stderr is a terminal
     resume: bool = False  # keep the journal (or a finished <out>) and send only what is not finished
     overwrite: bool = False  # discard a non-empty journal instead of refusing to run
 
@@ -185,15 +189,43 @@ def _strict_json(raw: bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+def wire_body(req: dict[str, Any], model: str | None) -> bytes:
+    """The body POSTed for a request: its fields but `id`, `model` replaced when given, encoded as
+    `requests` encodes json= (the local transport measures and parses these same bytes)."""
+    body = {k: v for k, v in req.items() if k != "id"}
+    if model:
+        body["model"] = model
+    return json.dumps(body, allow_nan=False).encode("utf-8")
+
+
+def error_message(body: Any) -> str:
+    """The error text of a (parsed) error answer: OpenAI's error.message, else what there is."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:500]
+    return str(err or body)[:500]
+
+
+def answer_outcome(code: int, raw: bytes) -> dict[str, Any]:
+    """status / http_code / response | error of a JSON answer; a 2xx that is not JSON is an error line."""
+    if 200 <= code < 300:
+        try:
+            return {"status": "ok", "http_code": code, "response": _strict_json(raw)}
+        except ValueError as exc:
+            return {"status": "error", "http_code": code, "error": f"response is not JSON ({exc})"}
+    try:
+        body = _strict_json(raw)
+    except ValueError:
+        body = raw.decode("utf-8", "replace")
+    return {"status": "error", "http_code": code, "error": error_message(body)}
+
+
 def _error_text(resp: requests.Response) -> str:
     try:
         body = _strict_json(resp.content)
     except ValueError:
         return resp.text[:500] or resp.reason
-    err = body.get("error") if isinstance(body, dict) else None
-    if isinstance(err, dict):
-        return str(err.get("message") or err)[:500]
-    return str(err or body)[:500]
+    return error_message(body)
 
 
 def retry_after_s(value: str | None) -> float | None:
@@ -244,10 +276,12 @@ class _Sender:
                 s.headers["Authorization"] = f"Bearer {self.opts.api_key}"
         return s
 
-    def _attempt(self, body: dict[str, Any], timeout: float, attempt: int) -> tuple[dict[str, Any], float | None]:
+    def _attempt(self, body: bytes, timeout: float, attempt: int) -> tuple[dict[str, Any], float | None]:
         """One POST: (outcome, seconds to wait before retrying it, or None when it must not be retried)."""
         try:
-            resp = self.session().post(self.url, json=body, timeout=timeout)
+            resp = self.session().post(
+                self.url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
+            )
         except requests.ReadTimeout:
             msg = (
                 f"ReadTimeout: no response within {timeout:g} s after the request was sent; "
@@ -259,10 +293,7 @@ class _Sender:
             return outcome, (_backoff_s(attempt) if never_sent(exc) else None)
         code = resp.status_code
         if 200 <= code < 300:
-            try:
-                return {"status": "ok", "http_code": code, "response": _strict_json(resp.content)}, None
-            except ValueError as exc:
-                return {"status": "error", "http_code": code, "error": f"response is not JSON ({exc})"}, None
+            return answer_outcome(code, resp.content), None
         outcome = {"status": "error", "http_code": code, "error": _error_text(resp)}
         if code not in RETRY_STATUSES:
             return outcome, None
@@ -275,9 +306,7 @@ class _Sender:
         return outcome, asked
 
     def send(self, req: dict[str, Any]) -> dict[str, Any]:
-        body = {k: v for k, v in req.items() if k != "id"}
-        if self.opts.model:
-            body["model"] = self.opts.model
+        body = wire_body(req, self.opts.model)
         start = time.perf_counter()
         # The whole request, waits included, never takes longer than every attempt timing out would.
         deadline = start + self.opts.timeout_s * (self.opts.retries + 1)
@@ -299,6 +328,49 @@ def _backoff_s(attempt: int) -> float:
     # Exponential with jitter: requests that failed together do not all come back at the same instant.
     ceiling = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
     return random.uniform(ceiling / 2, ceiling)
+
+
+Deliver = Callable[[int, dict[str, Any]], None]  # (index in the batch, its result line)
+
+
+class Transport(Protocol):
+    """Turns the pending requests of a batch into result lines; run_batch does everything else."""
+
+    def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
+        """Calls deliver(index, line) once per request, as each finishes (any order), in this thread.
+
+        An exception out of here (a bug, deliver failing on a full disk, Ctrl-C) stops the run."""
+        ...
+
+    def close(self, *, abandon: bool) -> None:
+        """Release what run() used; `abandon`: the run stopped, do not wait for work in flight."""
+        ...
+
+
+class HttpTransport:
+    """POSTs to the endpoint from a pool of `concurrency` threads, with _Sender's retries."""
+
+    def __init__(self, opts: BatchOptions):
+        self.sender = _Sender(opts)
+        self.pool = ThreadPoolExecutor(max_workers=max(1, opts.concurrency), thread_name_prefix="batch")
+
+    def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
+        futures: dict[Future, int] = {self.pool.submit(self.sender.send, req): i for i, req in todo}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            bug = next((f.exception() for f in done if f.exception() is not None), None)
+            for fut in done:
+                if fut.exception() is None:  # every good result of this round is delivered before a bug stops the run
+                    deliver(futures[fut], fut.result())
+            if bug is not None:
+                raise bug
+
+    def close(self, *, abandon: bool) -> None:
+        if abandon:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            self.pool.shutdown(wait=True)
 
 
 # -- output and journal -------------------------------------------------------------------------
@@ -436,11 +508,21 @@ class _Journal:
         self.path.unlink(missing_ok=True)
         self.f.close()
 
-    def close(self) -> None:
+    def close(self, *, discard_if_empty: bool = False) -> None:
+        if discard_if_empty and self.f.seek(0, os.SEEK_END) == 0:
+            self.path.unlink(missing_ok=True)
         self.f.close()
 
 
-def run_batch(batch: list[dict[str, Any]], out: Path, opts: BatchOptions) -> int:
+def run_batch(
+    batch: list[dict[str, Any]],
+    out: Path,
+    opts: BatchOptions,
+    transport: Callable[[], Transport] | None = None,
+) -> int:
+    """Run `batch` into `out` (see the module doc); `transport` makes the sender (default: HTTP to
+    opts.endpoint). It is made only after the journal is checked, and only when something is left
+    to send: a refused rerun or a resume with nothing to do never loads a model."""
     out = Path(out)
     journal = _Journal(out, opts)  # BatchInputError before anything is sent
     texts: dict[int, str] = {}
@@ -452,36 +534,45 @@ def run_batch(batch: list[dict[str, Any]], out: Path, opts: BatchOptions) -> int
             if line["status"] != "ok":
                 failed.add(i)
     kept = len(texts)
-    sender = _Sender(opts)
+    todo = [(i, req) for i, req in enumerate(batch) if i not in texts]
+    try:
+        sender = (transport or (lambda: HttpTransport(opts)))() if todo else None
+    except KeyboardInterrupt:  # e.g. while the local engine loads: nothing was sent, nothing changed
+        journal.close(discard_if_empty=True)
+        print("edgellm batch-run: interrupted before anything was sent", file=sys.stderr)
+        return 130
+    except BaseException:
+        journal.close(discard_if_empty=True)  # nothing was sent: leave no empty journal behind
+        raise
     bar = tqdm(
-        total=len(batch), initial=kept, file=sys.stderr, unit="req", disable=not opts.progress, dynamic_ncols=True
+        total=len(batch),
+        initial=kept,
+        file=sys.stderr,
+        unit="req",
+        disable=not opts.progress or not sys.stderr.isatty(),
+        dynamic_ncols=True,
     )
-    pool = ThreadPoolExecutor(max_workers=max(1, opts.concurrency), thread_name_prefix="batch")
+
+    def deliver(i: int, result: dict[str, Any]) -> None:
+        line, text = _encoded(result)
+        journal.append(text)  # first: a crash right after still has this result
+        texts[i] = text
+        bar.update(1)
+        if line["status"] != "ok":
+            failed.add(i)
+            bar.set_postfix(failed=len(failed))
+
     interrupted = False
     try:
-        futures: dict[Future, int] = {pool.submit(sender.send, req): i for i, req in enumerate(batch) if i not in texts}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            bug = next((f.exception() for f in done if f.exception() is not None), None)
-            for fut in done:
-                if fut.exception() is not None:
-                    continue  # journal every good result of this round before the failure stops the run
-                line, text = _encoded(fut.result())
-                journal.append(text)  # first: a crash right after still has this result
-                texts[futures[fut]] = text
-                bar.update(1)
-                if line["status"] != "ok":
-                    failed.add(futures[fut])
-                    bar.set_postfix(failed=len(failed))
-            if bug is not None:
-                raise bug
+        if sender is not None:
+            sender.run(todo, deliver)
     except KeyboardInterrupt:
         interrupted = True
     except BaseException:
         # Anything else is a bug or the disk failing: keep the journal (it is the record of what was
         # paid for), write what finished, say how to continue, and let the error through.
-        pool.shutdown(wait=False, cancel_futures=True)
+        if sender is not None:
+            sender.close(abandon=True)
         bar.close()
         journal.close()
         try:
@@ -496,7 +587,8 @@ def run_batch(batch: list[dict[str, Any]], out: Path, opts: BatchOptions) -> int
         raise
     bar.close()
     if interrupted:
-        pool.shutdown(wait=False, cancel_futures=True)
+        if sender is not None:
+            sender.close(abandon=True)
         journal.close()
         _write_lines(out, [texts[i] for i in sorted(texts)])
         print(
@@ -505,7 +597,8 @@ def run_batch(batch: list[dict[str, Any]], out: Path, opts: BatchOptions) -> int
             file=sys.stderr,
         )
         return 130
-    pool.shutdown(wait=True)
+    if sender is not None:
+        sender.close(abandon=False)
     try:
         _write_lines(out, [texts[i] for i in range(len(batch))])
     except BaseException:

@@ -48,6 +48,22 @@ def node_identity(settings: Settings) -> NodeIdentity:
     )
 
 
+def service_config(settings: Settings) -> ServiceConfig:
+    """The service's limits and model name from the node's settings (`batch-run --local` uses them too)."""
+    return ServiceConfig(
+        model_name=settings.served_model_name(),
+        default_timeout_s=settings.request_timeout,
+        max_timeout_s=settings.max_request_timeout,
+        max_queued=settings.max_queued,
+        max_messages=settings.max_messages,
+        max_prompt_bytes=settings.max_prompt_bytes,
+        temperature_min=settings.temperature_min,
+        temperature_max=settings.temperature_max,
+        min_completion_tokens=settings.min_completion_tokens,
+        max_completion_tokens=settings.max_completion_tokens,
+    )
+
+
 def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIdentity | None = None) -> FastAPI:
     """The node's ASGI app. `node`: the identity WRAPPED bodies carry (a Ratio1 node passes its real
     keys); default: an edgellm identity from settings.node_alias / evm_network."""
@@ -55,22 +71,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
     registry = Registry(
         Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
     )
-    service = Service(
-        ServiceConfig(
-            model_name=settings.served_model_name(),
-            default_timeout_s=settings.request_timeout,
-            max_timeout_s=settings.max_request_timeout,
-            max_queued=settings.max_queued,
-            max_messages=settings.max_messages,
-            max_prompt_bytes=settings.max_prompt_bytes,
-            temperature_min=settings.temperature_min,
-            temperature_max=settings.temperature_max,
-            min_completion_tokens=settings.min_completion_tokens,
-            max_completion_tokens=settings.max_completion_tokens,
-        ),
-        registry,
-        Authenticator(settings.tokens),
-    )
+    service = Service(service_config(settings), registry, Authenticator(settings.tokens))
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
     worker_config = WorkerConfig(

@@ -81,36 +81,77 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# batch-run options that only mean something to the HTTP transport: refused with --local.
+HTTP_ONLY_BATCH_FLAGS = ("endpoint", "concurrency", "timeout", "retries", "api_key")
+
+
 def _batch_run(args: argparse.Namespace) -> int:
     import traceback
     from pathlib import Path
 
     from edgellm.batch.runner import BatchInputError, BatchOptions, load_requests, run_batch
 
-    if args.concurrency < 1 or args.retries < 0 or args.timeout <= 0:
-        print("edgellm batch-run: --concurrency >= 1, --retries >= 0 and --timeout > 0 are required", file=sys.stderr)
+    def refuse(message: str) -> int:
+        print(f"edgellm batch-run: {message}", file=sys.stderr)
         return 2
+
+    if args.local:
+        given = [f"--{name.replace('_', '-')}" for name in HTTP_ONLY_BATCH_FLAGS if getattr(args, name) is not None]
+        if given:
+            return refuse(
+                f"{', '.join(given)}: HTTP options, not used with --local (the in-process engine batches the "
+                "requests itself; its settings come from --config and EDGELLM_*, as for `edgellm serve`)"
+            )
+    else:
+        if args.config is not None:
+            return refuse("--config is for --local (the in-process engine's settings)")
+        if args.endpoint is None:
+            return refuse("--endpoint URL is required (or --local to run on the in-process engine)")
+        args.concurrency = 4 if args.concurrency is None else args.concurrency
+        args.retries = 2 if args.retries is None else args.retries
+        args.timeout = 600.0 if args.timeout is None else args.timeout
+        if args.concurrency < 1 or args.retries < 0 or args.timeout <= 0:
+            return refuse("--concurrency >= 1, --retries >= 0 and --timeout > 0 are required")
     src, out = Path(args.requests), Path(args.output)
     try:
         batch = load_requests(src)
         if out.exists() and src.exists() and out.samefile(src):
             raise BatchInputError(f"{out}: the results file would overwrite the requests file")
     except BatchInputError as exc:
-        print(f"edgellm batch-run: {exc.message}", file=sys.stderr)
-        return 2
+        return refuse(exc.message)
+    transport = None
+    if args.local:
+        from edgellm.runtime.settings import load_settings
+
+        try:  # before the journal is touched: a bad config or model path is unusable input
+            settings = load_settings(args.config, model_path=args.model)
+            settings.resolved_model_path()
+        except EdgeLLMError as exc:
+            return refuse(exc.message)
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+
+        def transport():  # made by run_batch once the journal is checked, only if something is left to run
+            from edgellm.batch.local import LocalTransport
+
+            try:
+                return LocalTransport(settings, override_model=args.model is not None)
+            except EdgeLLMError as exc:
+                raise BatchInputError(f"the local engine did not start: {exc.message}") from None
+
     opts = BatchOptions(
-        endpoint=args.endpoint,
-        concurrency=args.concurrency,
-        timeout_s=args.timeout,
-        retries=args.retries,
-        api_key=args.api_key,
-        model=args.model,
+        endpoint=args.endpoint or "",
+        concurrency=args.concurrency or 1,
+        timeout_s=args.timeout or 600.0,
+        retries=args.retries or 0,
+        api_key=None if args.local else (args.api_key or os.environ.get("OPENAI_API_KEY")),
+        model=None if args.local else args.model,
         progress=not args.quiet,
         resume=args.resume,
         overwrite=args.overwrite,
     )
     try:
-        code = run_batch(batch, out, opts)
+        code = run_batch(batch, out, opts, transport)
     except BatchInputError as exc:  # the journal or the results file: nothing was sent
         print(f"edgellm batch-run: {exc.message}", file=sys.stderr)
         return 2
@@ -150,27 +191,44 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(f"--{flag}", type=typ, help=help_text)
     serve.set_defaults(func=_serve)
 
-    batch = sub.add_parser("batch-run", help="send requests.json to an OpenAI-compatible endpoint -> results.jsonl")
+    batch = sub.add_parser(
+        "batch-run",
+        help="send requests.json to an OpenAI-compatible endpoint (or run it in-process: --local) -> results.jsonl",
+    )
     batch.add_argument("requests", help='JSON file: {"requests": [{"id": ..., "messages": [...], ...}]}')
     batch.add_argument("-o", "--output", required=True, help="results file (JSON Lines, input order)")
-    batch.add_argument("--endpoint", required=True, help="e.g. http://127.0.0.1:8765/v1 (or the full chat URL)")
-    batch.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    batch.add_argument(
+        "--endpoint", help="e.g. http://127.0.0.1:8765/v1 (or the full chat URL); required without --local"
+    )
+    batch.add_argument(
+        "--local",
+        action="store_true",
+        help="no server: run the requests on the in-process engine, answered as the node's /v1/chat/completions "
+        "would answer them (same lines, journal, --resume and exit codes)",
+    )
+    batch.add_argument(
+        "--config", help="with --local: YAML settings file, as for `edgellm serve` (model, slots, threads, limits)"
+    )
+    batch.add_argument("--concurrency", type=int, help="requests in flight (default 4; not with --local)")
     batch.add_argument(
         "--timeout",
         type=float,
-        default=600.0,
         help="seconds per HTTP attempt (default 600); a request, retries and waits included, never takes "
-        "longer than TIMEOUT x (RETRIES + 1)",
+        "longer than TIMEOUT x (RETRIES + 1) (not with --local: a request's own `timeout` field applies)",
     )
     batch.add_argument(
         "--retries",
         type=int,
-        default=2,
         help="retries when the request never reached the server (connect error/timeout) or it answered "
-        "429/502/503/504; Retry-After is honoured up to 60 s; a read timeout is not retried (default 2)",
+        "429/502/503/504; Retry-After is honoured up to 60 s; a read timeout is not retried (default 2; "
+        "not with --local)",
     )
-    batch.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="Bearer token ($OPENAI_API_KEY)")
-    batch.add_argument("--model", help="override the model of every request")
+    batch.add_argument("--api-key", help="Bearer token (default $OPENAI_API_KEY; not with --local)")
+    batch.add_argument(
+        "--model",
+        help="override the model of every request; with --local: the GGUF file to load (default: model_path of "
+        "the settings), every request then runs on it",
+    )
     batch.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     journal = batch.add_mutually_exclusive_group()
     journal.add_argument(

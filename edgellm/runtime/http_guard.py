@@ -214,9 +214,16 @@ class HttpGuard:
         if scope["method"] in BODY_METHODS and not is_json_media_type(headers.get("content-type")):
             return UnsupportedMediaType("request body must be sent with 'Content-Type: application/json'")
         declared = headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.config.max_body_bytes:
-            return PayloadTooLarge(f"request body is {declared} bytes; the limit is {self.config.max_body_bytes}")
+        if declared and declared.isdigit():
+            return body_too_large(int(declared), self.config.max_body_bytes)
         return None
+
+
+def body_too_large(size: int, limit: int) -> PayloadTooLarge | None:
+    """The 413 for a body whose Content-Length is `size` bytes, over `limit` (None when it fits)."""
+    if size > limit:
+        return PayloadTooLarge(f"request body is {size} bytes; the limit is {limit}")
+    return None
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -1,0 +1,156 @@
+"""`edgellm batch-run --local`: the batch on the in-process engine, each request answered as the node's
+`POST /v1/chat/completions` would answer it, so results.jsonl reads the same as against the node.
+
+Per request, the node's own code, in the node's order: the body is the bytes the HTTP transport
+would POST (runner.wire_body), refused over `max_body_bytes` (413, http_guard.body_too_large) and
+parsed as the route parses it (400s of http_common.parse_json), then validated by
+service.parse_openai_now (the rules of Service.parse_openai: the served model name, limits from
+the same settings, the guide compiles, logit_bias ids in the vocabulary). What passes becomes the
+EngineRequest Service._dispatch would send (service.engine_request). All of them go to one
+OfflineEngine (edgellm/offline.py: the node's Scheduler and OutputProcessor), which batches them
+continuously; each final output is mapped as the node maps it (service.outcome_of, then
+Outcome.result_or_raise: timeouts 504, guide dead ends 422, engine failures 500) and answered with
+the route's bodies (openai_compat.completion_body / error_body), rendered by the route's
+SafeJSONResponse and read back like an HTTP answer (runner.answer_outcome).
+
+latency_ms: from when the engine queued the request to its final output, by the engine's own
+clock (timings queue + ttft + decode); a request refused before it reached the engine: the time
+its validation took. A request's `timeout` (default: request_timeout of the settings) counts from
+the same moment, as the node's counts from the request's arrival: requests still waiting for
+their turn in a large file do not time out.
+
+Not reproduced, because there is no HTTP exchange: authentication (no token is checked), the
+in-flight cap (429: the engine is fed as it has room), shutdown (503). `"stream": true` gives what
+batch-run gets from the node (an SSE answer is not JSON: an error line with http_code 200), without
+generating.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import fields
+from typing import Any
+
+from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
+from edgellm.api.output_processor import RequestOutput
+from edgellm.api.service import ServiceConfig, engine_request, outcome_of, parse_openai_now
+from edgellm.api.validation import ChatRequest
+from edgellm.batch.runner import Deliver, answer_outcome, wire_body
+from edgellm.engine.types import EngineRequest
+from edgellm.errors import EdgeLLMError
+from edgellm.runtime.http_common import SafeJSONResponse, parse_json
+from edgellm.runtime.http_guard import body_too_large
+from edgellm.runtime.settings import Settings
+
+# What batch-run reads from the node for a stream (text/event-stream, "data: {...}"): not JSON.
+SSE_PREFIX = b"data: "
+
+
+class QueuedRequest(EngineRequest):
+    """An EngineRequest whose deadline starts when the engine first reads it.
+
+    OfflineEngine.generate takes every request of the file at once and hands them to its scheduler
+    as it has room; a deadline fixed when the file is read would expire requests that are only
+    waiting for their turn. The scheduler first reads `deadline` in the step right after it queued
+    the request (its cancellation check), so the clock starts there, as the node's starts when a
+    request arrives.
+    """
+
+    def __init__(self, base: EngineRequest, timeout_s: float):
+        self._timeout_s = timeout_s
+        self.started_at: float | None = None  # time.perf_counter() of the first read of `deadline`
+        super().__init__(**{f.name: getattr(base, f.name) for f in fields(EngineRequest)})
+        self._deadline: float | None = None  # not base's: it is set at the first read
+
+    @property  # type: ignore[override]
+    def deadline(self) -> float:
+        if self._deadline is None:
+            self.started_at = time.perf_counter()
+            self._deadline = time.time() + self._timeout_s
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        self._deadline = value
+
+
+def _rendered(body: dict[str, Any]) -> bytes:
+    """The bytes the route sends for `body` (its response class: NaN -> null, lone surrogates escaped)."""
+    return SafeJSONResponse(body).body
+
+
+class LocalTransport:
+    """batch-run's transport for --local: one OfflineEngine, loaded from the node's settings."""
+
+    def __init__(self, settings: Settings, *, override_model: bool = False):
+        from edgellm.offline import OfflineEngine
+        from edgellm.runtime.app import service_config
+
+        self.config: ServiceConfig = service_config(settings)
+        self.max_body_bytes = settings.max_body_bytes
+        # --model PATH: every request runs on that file, as --model NAME sends every request to that model.
+        self.model_override = self.config.model_name if override_model else None
+        model = settings.model()
+        # The engine is fed as its slots free up: n_slots prepared requests waiting is enough to keep
+        # every slot busy, and keeps the time a request waits inside the engine short.
+        self.engine = OfflineEngine(model, max_waiting=model.n_slots)
+
+    def validate(self, req: dict[str, Any]) -> tuple[ChatRequest, OpenAIOptions]:
+        """A batch request as the node's route validates its body; raises the EdgeLLMError it would answer."""
+        raw = wire_body(req, self.model_override)
+        refusal = body_too_large(len(raw), self.max_body_bytes)
+        if refusal is not None:
+            raise refusal
+        return parse_openai_now(parse_json(raw), self.config, self.engine.model.n_vocab)
+
+    def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
+        queued: dict[str, tuple[int, Any, OpenAIOptions, QueuedRequest]] = {}
+        for i, req in todo:
+            start = time.perf_counter()
+            try:
+                chat, opts = self.validate(req)
+            except EdgeLLMError as exc:
+                deliver(i, _line(req["id"], start, exc.http_status, _rendered(error_body(exc))))
+                continue
+            if opts.stream:
+                deliver(i, _line(req["id"], start, 200, SSE_PREFIX))
+                continue
+            request_id = uuid.uuid4().hex  # as Service.submit: the response id is chatcmpl-<it>
+            seed = chat.seed if chat.seed is not None else secrets.randbits(64)
+            request = QueuedRequest(engine_request(request_id, chat, seed, created_at=0.0), chat.timeout)
+            queued[request_id] = (i, req["id"], opts, request)
+
+        def finished(out: RequestOutput) -> None:
+            i, rid, opts, request = queued.pop(out.request_id)
+            try:
+                result = outcome_of(out, self.config.model_name).result_or_raise()
+                code, body = 200, completion_body(result, opts)
+            except EdgeLLMError as exc:
+                code, body = exc.http_status, error_body(exc)
+            line = {"id": rid, "latency_ms": _latency_ms(out, request), **answer_outcome(code, _rendered(body))}
+            deliver(i, line)
+
+        if queued:
+            self.engine.generate([entry[3] for entry in queued.values()], on_finished=finished)
+
+    def close(self, *, abandon: bool) -> None:
+        try:
+            self.engine.close()
+        except Exception:
+            if not abandon:
+                raise
+
+
+def _line(rid: Any, start: float, code: int, raw: bytes) -> dict[str, Any]:
+    return {"id": rid, "latency_ms": round(1000 * (time.perf_counter() - start), 1), **answer_outcome(code, raw)}
+
+
+def _latency_ms(out: RequestOutput, request: QueuedRequest) -> float:
+    timings = out.timings
+    if "ttft_ms" in timings and "decode_ms" in timings:  # queued -> first token -> final output
+        return round(timings["ttft_ms"] + timings["decode_ms"], 1)
+    if request.started_at is not None:  # ended before a slot took it (timed out waiting, prompt refused)
+        return round(1000 * (time.perf_counter() - request.started_at), 1)
+    return 0.0
