@@ -61,7 +61,7 @@ class QueuedRequest(EngineRequest):
     def __init__(self, base: EngineRequest, timeout_s: float):
         self._timeout_s = timeout_s
         self.started_at: float | None = None  # time.perf_counter() of the first read of `deadline`
-        super().__init__(**{f.name: getattr(base, f.name) for f in fields(EngineRequest)})
+        super().__init__(**{f.name: getattr(base, f.name) for f in fields(EngineRequest) if f.init})
         self._deadline: float | None = None  # not base's: it is set at the first read
 
     @property  # type: ignore[override]
