@@ -91,7 +91,7 @@ def run_infer_command(args: argparse.Namespace) -> int:
     )
     try:
         result = run_job(job, options, on_request_done=lambda: bar.update(1))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the engine ran (loading the model)
         print("edgellm infer: interrupted; no output written", file=sys.stderr)
         return 130
     except EdgeLLMError as exc:  # the model could not be loaded, ...
@@ -101,6 +101,9 @@ def run_infer_command(args: argparse.Namespace) -> int:
     write_json(args.output, result.document)
     if args.profile:
         write_json(args.profile, result.profile)
+    if result.interrupted:
+        print(f"edgellm infer: interrupted; unfinished requests are `cancelled` in {args.output}", file=sys.stderr)
+        return 130
     if result.failed:
         print(f"edgellm infer: {result.failed} of {len(job.items)} requests failed; see {args.output}", file=sys.stderr)
         return 1

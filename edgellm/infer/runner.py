@@ -47,7 +47,8 @@ def _default_cache_dir() -> str:
 class InferResult:
     document: dict[str, Any]  # the output JSON
     profile: dict[str, Any]
-    failed: int  # requests that ended in error (the process exits 1 when > 0)
+    failed: int  # requests that ended in error or were cancelled (the process exits 1 when > 0)
+    interrupted: bool = False  # Ctrl-C: unfinished requests are `cancelled` (the process exits 130)
 
 
 def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
@@ -69,8 +70,15 @@ def run_job(job: InferJob, options: InferOptions, *, on_request_done: Callable[[
         load_s = time.perf_counter() - t_load
         runner = _Runner(job, options, engine, on_request_done)
         warmup_s = runner.warm_up(options.warmup)
-        for batch in job.batches:
-            runner.run_batch(batch)
+        interrupted = False
+        try:
+            for batch in job.batches:
+                runner.run_batch(batch)
+        except KeyboardInterrupt:  # Ctrl-C: what finished is kept, the rest is reported as cancelled
+            interrupted = True
+            for item in job.items:
+                if item.request_idx not in runner.responses:
+                    runner.respond_failed(item, "interrupted before it finished", reason="cancelled")
         model_info = {
             "path": config.path,
             "name": engine.model.name,
@@ -81,10 +89,10 @@ def run_job(job: InferJob, options: InferOptions, *, on_request_done: Callable[[
             "slot_ctx": engine.model.slot_ctx,
         }
     responses = [runner.responses[i] for i in range(len(job.items))]
-    failed = sum(1 for r in responses if r["finish_reason"] == "error" or r.get("error"))
+    failed = sum(1 for r in responses if r["finish_reason"] in ("error", "cancelled") or r.get("error"))
     document = {"input_file": job.input_file, "responses": responses}
     profile = _profile(job, runner, model_info, load_s, warmup_s, time.perf_counter() - started, failed)
-    return InferResult(document, profile, failed)
+    return InferResult(document, profile, failed, interrupted)
 
 
 class _Runner:
@@ -122,18 +130,22 @@ class _Runner:
         runnable: list[tuple[InferItem, EngineRequest]] = []
         for item in items:
             if error is not None or item.error is not None:
-                self._respond_failed(item, error or item.error or "")
+                self.respond_failed(item, error or item.error or "")
             else:
                 runnable.append((item, self._engine_request(item, batch, lora_path)))
         if not runnable:
             self.batch_profiles.append({"batch_idx": batch.batch_idx, "requests": len(items), "error": error})
             return
-        outputs, stats = self.engine.generate([request for _, request in runnable], on_finished=self._tick)
-        for (item, request), out in zip(runnable, outputs, strict=True):
-            self._respond(item, request, out)
+        by_id = {request.request_id: (item, request) for item, request in runnable}
+
+        def finished(out: RequestOutput) -> None:  # as each ends: Ctrl-C later keeps it
+            self._respond(*by_id[out.request_id], out)
+            self._tick()
+
+        outputs, stats = self.engine.generate([request for _, request in runnable], on_finished=finished)
         self.batch_profiles.append(_batch_profile(batch, len(items), outputs, stats))
 
-    def _tick(self, _: RequestOutput | None = None) -> None:
+    def _tick(self) -> None:
         if self.on_done is not None:
             self.on_done()
 
@@ -174,7 +186,7 @@ class _Runner:
                 add_generation_prompt=request.add_generation_prompt,
                 template_kwargs=request.template_kwargs,
             )
-        except EdgeLLMError:
+        except Exception:  # the template failed: the request itself reports why
             return ""
 
     def _base_response(self, item: InferItem) -> dict[str, Any]:
@@ -185,11 +197,11 @@ class _Runner:
             "formatted_complete_request": self._formatted(item) if item.error is None else "",
         }
 
-    def _respond_failed(self, item: InferItem, error: str) -> None:
+    def respond_failed(self, item: InferItem, error: str, *, reason: str = "error") -> None:
         self.responses[item.request_idx] = {
             "output_text": "",
             **self._base_response(item),
-            "finish_reason": "error",
+            "finish_reason": reason,
             "error": error,
         }
         self._tick()

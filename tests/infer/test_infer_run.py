@@ -411,3 +411,21 @@ def test_parse_job_keeps_cli_overrides_below_request_values():
     )
     assert job.batches[0].num_logprobs == 4
     assert all(item.request.sampling.num_logprobs == 4 for item in job.items)
+
+
+def test_ctrl_c_keeps_what_finished_and_cancels_the_rest(options, tmp_path):
+    src = tmp_path / "in.json"
+    src.write_text(
+        json.dumps({"max_generate_length": 4, "requests": [{"messages": user(f"Say {n}.")} for n in range(4)]})
+    )
+    calls = []
+
+    def interrupt_after_the_first() -> None:  # as a Ctrl-C arriving while request 1 runs
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    result = run_job(load_job(src), options, on_request_done=interrupt_after_the_first)
+    reasons = [r["finish_reason"] for r in result.document["responses"]]
+    assert result.interrupted and reasons[0] != "cancelled" and reasons[1:] == ["cancelled"] * 3
+    assert result.failed == 3
