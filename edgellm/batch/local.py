@@ -30,7 +30,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from dataclasses import fields
+from dataclasses import replace
 from typing import Any
 
 from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
@@ -46,34 +46,6 @@ from edgellm.runtime.settings import Settings
 
 # What batch-run reads from the node for a stream (text/event-stream, "data: {...}"): not JSON.
 SSE_PREFIX = b"data: "
-
-
-class QueuedRequest(EngineRequest):
-    """An EngineRequest whose deadline starts when the engine first reads it.
-
-    OfflineEngine.generate takes every request of the file at once and hands them to its scheduler
-    as it has room; a deadline fixed when the file is read would expire requests that are only
-    waiting for their turn. The scheduler first reads `deadline` in the step right after it queued
-    the request (its cancellation check), so the clock starts there, as the node's starts when a
-    request arrives.
-    """
-
-    def __init__(self, base: EngineRequest, timeout_s: float):
-        self._timeout_s = timeout_s
-        self.started_at: float | None = None  # time.perf_counter() of the first read of `deadline`
-        super().__init__(**{f.name: getattr(base, f.name) for f in fields(EngineRequest) if f.init})
-        self._deadline: float | None = None  # not base's: it is set at the first read
-
-    @property  # type: ignore[override]
-    def deadline(self) -> float:
-        if self._deadline is None:
-            self.started_at = time.perf_counter()
-            self._deadline = time.time() + self._timeout_s
-        return self._deadline
-
-    @deadline.setter
-    def deadline(self, value: float | None) -> None:
-        self._deadline = value
 
 
 def _rendered(body: dict[str, Any]) -> bytes:
@@ -106,7 +78,7 @@ class LocalTransport:
         return parse_openai_now(parse_json(raw), self.config, self.engine.model.n_vocab)
 
     def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
-        queued: dict[str, tuple[int, Any, OpenAIOptions, QueuedRequest]] = {}
+        queued: dict[str, tuple[int, Any, OpenAIOptions, EngineRequest]] = {}
         for i, req in todo:
             start = time.perf_counter()
             try:
@@ -119,7 +91,11 @@ class LocalTransport:
                 continue
             request_id = uuid.uuid4().hex  # as Service.submit: the response id is chatcmpl-<it>
             seed = chat.seed if chat.seed is not None else secrets.randbits(64)
-            request = QueuedRequest(engine_request(request_id, chat, seed, created_at=0.0), chat.timeout)
+            # The node's deadline counts from a request's arrival; here every request is handed over at
+            # once, so its budget counts from when the engine queues it.
+            request = replace(
+                engine_request(request_id, chat, seed, created_at=0.0), deadline=None, timeout_s=chat.timeout
+            )
             queued[request_id] = (i, req["id"], opts, request)
 
         def finished(out: RequestOutput) -> None:
@@ -147,10 +123,11 @@ def _line(rid: Any, start: float, code: int, raw: bytes) -> dict[str, Any]:
     return {"id": rid, "latency_ms": round(1000 * (time.perf_counter() - start), 1), **answer_outcome(code, raw)}
 
 
-def _latency_ms(out: RequestOutput, request: QueuedRequest) -> float:
+def _latency_ms(out: RequestOutput, request: EngineRequest) -> float:
     timings = out.timings
     if "ttft_ms" in timings and "decode_ms" in timings:  # queued -> first token -> final output
         return round(timings["ttft_ms"] + timings["decode_ms"], 1)
-    if request.started_at is not None:  # ended before a slot took it (timed out waiting, prompt refused)
-        return round(1000 * (time.perf_counter() - request.started_at), 1)
+    if request.deadline is not None and request.timeout_s is not None:  # ended before a slot took it
+        queued_at = request.deadline - request.timeout_s  # the engine set the deadline when it queued it
+        return round(max(0.0, 1000 * (time.time() - queued_at)), 1)
     return 0.0

@@ -56,6 +56,8 @@ class Scheduler:
         if len(self.waiting) >= self.max_waiting:
             exc = QueueFull(f"engine queue is full ({self.max_waiting} waiting)")
             return EngineOutput.failure(request.request_id, exc.message, exc.error_type)
+        if request.deadline is None and request.timeout_s is not None:
+            request.deadline = time.time() + request.timeout_s
         self.waiting.append(PreparedRequest(request, self._preparer.submit(self._prepare, request)))
         return None
 

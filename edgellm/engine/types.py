@@ -74,6 +74,9 @@ class EngineRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     guide: GuideSpec | None = None
     deadline: float | None = None  # wall clock (time.time()), comparable across processes
+    # Without a deadline: a budget in seconds counted from when the engine queues the request (an
+    # in-process run hands over a whole file at once; requests waiting their turn must not expire).
+    timeout_s: float | None = None
     stream: bool = False  # emit EngineOutput deltas while generating
     # How messages become the prompt. apply_chat_template=False: the contents, concatenated, are the
     # prompt as written (control-token text in them is parsed: the file's author is the operator).

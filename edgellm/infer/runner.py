@@ -52,8 +52,10 @@ class InferResult:
 
 
 def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
-    """One slot per request of a batch (up to MAX_SLOTS), each max_seq_len tokens long."""
-    n_slots = max(1, min(job.batch_size, MAX_SLOTS))
+    """One slot per request of a batch, each max_seq_len tokens long, as many as the settings' n_ctx
+    (the KV memory the device was configured for) holds; the rest of a batch queues for a slot."""
+    budget = max(options.model.n_ctx, options.max_seq_len)
+    n_slots = max(1, min(job.batch_size, MAX_SLOTS, budget // options.max_seq_len))
     return replace(
         options.model,
         n_slots=n_slots,

@@ -19,8 +19,6 @@ from typing import Any
 import pytest
 
 from edgellm.batch import runner
-from edgellm.batch.local import QueuedRequest
-from edgellm.engine.types import EngineRequest
 from tests.nodeproc import NodeProcess
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -90,17 +88,6 @@ def test_the_transport_is_made_only_when_something_is_left_to_run(tmp_path):
     (tmp_path / "results.jsonl.partial").write_text(out.read_text())
     with pytest.raises(runner.BatchInputError, match="--resume"):
         runner.run_batch([{"id": "a"}], out, runner.BatchOptions(progress=False), no_engine)
-
-
-def test_a_queued_request_deadline_starts_at_its_first_read():
-    base = EngineRequest("r", [{"role": "user", "content": "hi"}], deadline=1.0)
-    request = QueuedRequest(base, timeout_s=30.0)
-    assert request.started_at is None and request.messages == base.messages
-    time.sleep(0.05)
-    before = time.time()
-    deadline = request.deadline
-    assert before + 30.0 <= deadline <= time.time() + 30.0 and request.started_at is not None
-    assert request.deadline == deadline  # fixed from then on
 
 
 # -- with the model ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ structural tags, on the real scheduler and the bundled model."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import jsonschema
@@ -158,3 +159,13 @@ def test_structural_tag_free_text_then_the_structure(engine):
             continue
         body = part[: part.index("}.") + 1]
         jsonschema.validate(json.loads(body), schema)
+
+
+def test_a_timeout_counts_from_when_the_engine_queues_the_request(engine):
+    messages = [{"role": "user", "content": "Say hi."}]
+    before = time.time()
+    request = EngineRequest("budget-1", messages, SamplingParams(temperature=0.0, max_tokens=4), timeout_s=60.0)
+    out = engine.one(request)
+    assert out.error is None and before + 60.0 <= request.deadline <= time.time() + 60.0
+    expired = engine.one(EngineRequest("budget-2", messages, SamplingParams(max_tokens=4), timeout_s=0.0))
+    assert expired.finish_reason is FR.TIMEOUT
