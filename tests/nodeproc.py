@@ -82,3 +82,9 @@ class NodeProcess:
 
     def worker_pid(self) -> int:
         return httpx.get(self.base + "/health", timeout=5).json()["result"]["engine"]["worker_pid"]
+
+
+def default_sigint() -> None:
+    """Popen preexec_fn: a test run started in the background (nohup, `cmd &`) inherits SIGINT ignored,
+    and Python then installs no KeyboardInterrupt handler; the Ctrl-C tests need the real default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.nodeproc import free_port
+from tests.nodeproc import default_sigint, free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -198,6 +198,7 @@ def test_ctrl_c_writes_what_finished_and_exits_nonzero(node, tmp_path):
         ],
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     partial = tmp_path / "results.jsonl.partial"
     deadline = time.monotonic() + 60
