@@ -84,10 +84,12 @@ def test_a_repeated_system_prompt_is_reused_and_bypass_skips_it(engine):
 
 
 def test_bypass_does_not_publish_what_it_computed(engine):
-    system = SYSTEM.format(n=202)
+    system = "Zebra crossing duty. " + SYSTEM.format(n=202)  # an opening no other test's prompt shares
     engine.one(chat("pub-1", system, "Which valve?", cache_lookup=False, cache_commit=CacheCommit.NONE))
     after = engine.one(chat("pub-2", system, "Which fan?"))
-    assert after.cached_tokens == 0
+    # Only what other requests left in the slots may be shared (the template's opening tokens): not
+    # the ~45-token system turn the bypassed request computed.
+    assert after.cached_tokens < 10
 
 
 def test_prefill_state_only_publishes_the_prompt_but_not_the_answer(engine):
