@@ -78,6 +78,8 @@ def _structural_tag(spec: object) -> dict:
         where = f"structural_tag.structures[{i}]"
         if not isinstance(st, dict) or not isinstance(st.get("begin"), str) or not isinstance(st.get("end"), str):
             raise GuideError(f"{where} must be an object with string `begin` and `end` and a `schema` object")
+        if set(st) - {"begin", "schema", "end"}:
+            raise GuideError(f"{where} has unknown keys {sorted(set(st) - {'begin', 'schema', 'end'})}")
         if not isinstance(st.get("schema"), dict):
             raise GuideError(f"{where}.schema must be a JSON schema object")
         if not any(st["begin"].startswith(t) for t in triggers):

@@ -238,6 +238,9 @@ def _positive(value: Any, what: str, where: Path) -> float:
 
 def _check_config(config: dict[str, Any], where: Path) -> None:
     """Refuse what a llama.cpp LoRA adapter cannot express."""
+    for key in ("use_rslora", "use_dora", "lora_bias", "fan_in_fan_out"):
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            raise LoraError(f"{where}: {key} must be true or false, got {config[key]!r}")
     peft_type = config.get("peft_type", "LORA")
     if str(peft_type).upper() != "LORA":
         raise LoraError(f"{where}: only LoRA adapters are supported (peft_type is {peft_type!r})")
@@ -264,6 +267,9 @@ def _check_config(config: dict[str, Any], where: Path) -> None:
     for key in ("alpha_pattern", "rank_pattern"):
         if config.get(key) is not None and not isinstance(config[key], dict):
             raise LoraError(f"{where}: {key} must be an object")
+    for key, value in (config.get("rank_pattern") or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise LoraError(f"{where}: rank_pattern[{key!r}] must be a positive integer, got {value!r}")
 
 
 def _pattern_value(patterns: dict[str, Any] | None, module: str) -> Any:
@@ -359,6 +365,10 @@ def convert_peft(weights_path: Path, config: dict[str, Any], shape: ModelShape) 
                 "is the adapter for another base model?"
             )
         rank = a.shape[0]
+        if rank == 0:
+            raise LoraError(f"{where}: {module} has rank 0 (empty lora_A / lora_B)")
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            raise LoraError(f"{where}: {module} holds NaN or infinite weights")
         want_rank = _pattern_value(rank_pattern, module)
         want_rank = config.get("r") if want_rank is None else want_rank
         if want_rank is not None and rank != want_rank:

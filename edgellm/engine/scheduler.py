@@ -335,7 +335,8 @@ class Scheduler:
         return out
 
     def close(self) -> None:
-        self._preparer.shutdown(wait=False, cancel_futures=True)
+        # Wait for a preparation in progress: it tokenizes with the model the caller frees next.
+        self._preparer.shutdown(wait=True, cancel_futures=True)
         if self._adapters is not None:
             self._adapters.close()
             self._adapters = None

@@ -41,6 +41,21 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _unwritable(path: str) -> str | None:
+    """Why `path` cannot take the output, found before the run rather than after it."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{path} is a directory; give a file name"
+    folder = target.parent
+    while not folder.exists():  # write_json creates the missing folders
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write {path}: {folder} is not a writable folder"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"cannot write {path}: permission denied"
+    return None
+
+
 def write_json(path: str, document: dict[str, Any]) -> None:
     """Whole or not at all: a temp file in the same folder, then rename."""
     target = Path(path)
@@ -86,6 +101,9 @@ def run_infer_command(args: argparse.Namespace) -> int:
         )
     except EdgeLLMError as exc:
         return _fail(exc.message)
+    problem = _unwritable(args.output) or (args.profile and _unwritable(args.profile))
+    if problem:
+        return _fail(problem)
     bar = tqdm(
         total=len(job.items), unit="req", desc="infer", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty()
     )
@@ -98,9 +116,13 @@ def run_infer_command(args: argparse.Namespace) -> int:
         return _fail(exc.message)
     finally:
         bar.close()
-    write_json(args.output, result.document)
-    if args.profile:
-        write_json(args.profile, result.profile)
+    try:
+        write_json(args.output, result.document)
+        if args.profile:
+            write_json(args.profile, result.profile)
+    except OSError as exc:  # checked before the run, but the disk can fill up meanwhile
+        print(f"edgellm infer: cannot write the output: {exc}", file=sys.stderr)
+        return 1
     if result.interrupted:
         print(f"edgellm infer: interrupted; unfinished requests are `cancelled` in {args.output}", file=sys.stderr)
         return 130

@@ -475,7 +475,7 @@ def _content(value: Any) -> str | list[ContentItem]:
         kind = item.get("type")
         if kind is None:
             raise _Problem("required field is missing", f"[{i}].type")
-        if kind not in _ITEM_MODELS:
+        if not isinstance(kind, str) or kind not in _ITEM_MODELS:
             raise _Problem(f"must be one of {_quoted(list(_ITEM_MODELS))}, got {_got(kind)}", f"[{i}].type")
         try:
             items.append(_ITEM_MODELS[kind].model_validate(item))
@@ -586,6 +586,12 @@ def _structural_tag(value: dict) -> dict:
     unknown = [k for k in value if k not in ("type", "triggers", "structures")]
     if unknown:
         raise _Problem(f"unknown key {_key_text(unknown[0])} (expected triggers and structures)", ".structural_tag")
+    structures = value.get("structures")
+    for i, st in enumerate(structures if isinstance(structures, list) else []):
+        extra = [k for k in st if k not in ("begin", "schema", "end")] if isinstance(st, dict) else []
+        if extra:
+            where = f".structural_tag.structures[{i}]"
+            raise _Problem(f"unknown key {_key_text(extra[0])} (expected begin, schema and end)", where)
     return {k: value[k] for k in ("triggers", "structures") if k in value}
 
 
@@ -751,16 +757,9 @@ def parse_job(
             except _Problem as p:
                 raise InferInputError(f"{name} (command line): {p.message}", path=name) from None
     weights: dict[str, str] = top["available_lora_weights"]
-    for i, req in enumerate(model.requests):
-        if req.lora_name is not None and req.lora_name not in weights:
-            declared = f"declared: {_quoted(sorted(weights))}" if weights else "none are declared"
-            where = f"requests[{i}].lora_name"
-            raise InferInputError(
-                f"{where}: {_got(req.lora_name)} is not in available_lora_weights ({declared})", path=where
-            )
     guide_errors: dict[Any, str | None] = {}
     items = [_item(i, req, data["requests"][i]["messages"], top, guide_errors) for i, req in enumerate(model.requests)]
-    batches = _batches(items, top["batch_size"])
+    batches = _batches(items, top["batch_size"], weights)
     return InferJob(input_file, top["batch_size"], items, batches, dict(weights), _profile_top(top))
 
 
@@ -843,7 +842,7 @@ def _item(
         cache_commit=commit,
         # The path as written; the runner resolves it (a relative one against the input file's folder)
         # and converts a PEFT safetensors adapter to GGUF before the batch runs.
-        lora_path=top["available_lora_weights"][req.lora_name] if req.lora_name is not None else None,
+        lora_path=top["available_lora_weights"].get(req.lora_name) if req.lora_name is not None else None,
     )
     return InferItem(idx, 0, raw_messages, request, req.lora_name, error, seed, drawn, bool(req.disable_spec_decode))
 
@@ -866,15 +865,24 @@ def _guide_problem(guide: GuideSpec, cache: dict[Any, str | None]) -> str | None
     return cache[key]
 
 
-def _batches(items: list[InferItem], batch_size: int) -> list[InferBatch]:
+def undeclared_lora_error(name: str, weights: dict[str, str]) -> str:
+    declared = f"declared: {_quoted(sorted(weights))}" if weights else "none are declared"
+    return f"lora_name {_got(name)} is not in available_lora_weights ({declared})"
+
+
+def _batches(items: list[InferItem], batch_size: int, weights: dict[str, str]) -> list[InferBatch]:
     """Consecutive chunks in input order. A batch is uniform in K (the largest asked for) and in
     disable_spec_decode (any request sets it); one mixing adapters fails whole, as in llm_inference
-    (no adapter counts as a value of its own)."""
+    (no adapter counts as a value of its own), and so does one naming an adapter the file does not
+    declare (the seeds' own "Basic Structure" example does: its batch fails, the file runs on)."""
     batches = []
     for b, start in enumerate(range(0, len(items), batch_size)):
         chunk = items[start : start + batch_size]
         names = {item.lora_name for item in chunk}
         error = MIXED_LORA_ERROR if len(names) > 1 else None
+        name = chunk[0].lora_name
+        if error is None and name is not None and name not in weights:
+            error = undeclared_lora_error(name, weights)
         k = max(item.request.sampling.num_logprobs for item in chunk)
         for item in chunk:
             item.batch_idx = b

@@ -19,7 +19,7 @@ from typing import Any
 
 from edgellm.api.output_processor import RequestOutput
 from edgellm.engine.config import ModelConfig
-from edgellm.engine.types import EngineRequest, FinishReason, SamplingParams, StopCause
+from edgellm.engine.types import CacheCommit, EngineRequest, FinishReason, SamplingParams, StopCause
 from edgellm.errors import EdgeLLMError
 from edgellm.infer.contract import InferBatch, InferItem, InferJob
 from edgellm.offline import OfflineEngine, RunStats
@@ -54,12 +54,12 @@ class InferResult:
 def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
     """One slot per request of a batch, each max_seq_len tokens long, as many as the settings' n_ctx
     (the KV memory the device was configured for) holds; the rest of a batch queues for a slot."""
-    budget = max(options.model.n_ctx, options.max_seq_len)
-    n_slots = max(1, min(job.batch_size, MAX_SLOTS, budget // options.max_seq_len))
+    seq_len = min(options.max_seq_len, options.model.n_ctx)  # one request never holds more than the budget
+    n_slots = max(1, min(job.batch_size, MAX_SLOTS, options.model.n_ctx // seq_len))
     return replace(
         options.model,
         n_slots=n_slots,
-        n_ctx=n_slots * options.max_seq_len,
+        n_ctx=n_slots * seq_len,
         n_batch=max(options.model.n_batch, n_slots),
     )
 
@@ -113,8 +113,17 @@ class _Runner:
             return 0.0
         t0 = time.perf_counter()
         sampling = replace(first.request.sampling, max_tokens=min(8, first.request.sampling.max_tokens))
+        # Nothing of the warm-up is left in the prefix cache: the timed run prefills its prompt for real.
         warm = [
-            replace(first.request, request_id=f"#warm-up-{i}", sampling=sampling, lora_path=None) for i in range(runs)
+            replace(
+                first.request,
+                request_id=f"#warm-up-{i}",
+                sampling=sampling,
+                lora_path=None,
+                cache_lookup=False,
+                cache_commit=CacheCommit.NONE,
+            )
+            for i in range(runs)
         ]
         self.engine.generate(warm)
         return time.perf_counter() - t0
@@ -128,7 +137,9 @@ class _Runner:
             try:
                 lora_path = self._adapter(batch.lora_name)
             except EdgeLLMError as exc:
-                error = f"LoRA adapter {batch.lora_name!r}: {exc.message}"
+                error = f"lora_name {batch.lora_name!r}: {exc.message}"
+            except OSError as exc:  # the conversion cache cannot be written (read-only, disk full)
+                error = f"lora_name {batch.lora_name!r}: cannot prepare the adapter: {exc}"
         runnable: list[tuple[InferItem, EngineRequest]] = []
         for item in items:
             if error is not None or item.error is not None:
@@ -212,10 +223,14 @@ class _Runner:
         response: dict[str, Any] = {
             "output_text": out.text,
             **self._base_response(item),
-            "finish_reason": finish_reason(out),
+            # A request with an error failed, whatever ended it (a guided output cut by the length limit
+            # does not conform): `error` says why.
+            "finish_reason": "error" if out.error else finish_reason(out),
         }
         if out.error:
             response["error"] = out.error
+            if out.error.startswith("prompt is"):
+                response["error"] += " (or raise --max-seq-len)"
         if out.logprobs is not None:
             response["logprobs"] = [
                 [_candidate(c["token_id"], c["token"], c["bytes"], c["logprob"]) for c in entry.top_logprobs]

@@ -560,3 +560,18 @@ def test_lora_module_does_not_import_llama_cpp(model_path, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert str(st) and len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_odd_peft_adapters_refused(model_path, tmp_path):
+    shape = model_shape(model_path)
+    good = random_lora(5, ("v_proj",))
+    cases = [
+        ({"use_rslora": "false"}, good, "use_rslora must be true or false"),
+        ({"rank_pattern": {"v_proj": "8"}}, good, "rank_pattern['v_proj'] must be a positive integer"),
+    ]
+    for i, (config, weights, fragment) in enumerate(cases):
+        path = write_peft(tmp_path / f"c{i}", weights, **config)
+        refused(fragment, gguf_adapter, path, model_path, tmp_path / "cache")
+    nan = {k: (a, b * np.nan) for k, (a, b) in good.items()}
+    refused("NaN or infinite", gguf_adapter, write_peft(tmp_path / "nan", nan), model_path, tmp_path / "cache")
+    assert shape.arch == "llama"

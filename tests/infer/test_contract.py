@@ -25,9 +25,7 @@ MODES = "json_object, json_schema, regex, ebnf, structural_tag, choice"
 SURROGATE = "string holds a lone surrogate (invalid UTF-16 escape); the file must be valid Unicode"
 ESCAPED = "or an escaped JSON string of one"
 ANY_OBJECT = "must be true or {} (any JSON object; use json_schema for a schema)"
-BASIC_STRUCTURE_ERROR = (
-    'requests[0].lora_name: "optional_lora_name" is not in available_lora_weights (none are declared)'
-)
+BASIC_STRUCTURE_ERROR = 'lora_name "optional_lora_name" is not in available_lora_weights (none are declared)'
 WEATHER = {
     "triggers": ["<function="],
     "structures": [
@@ -126,11 +124,11 @@ def test_seed_example_parses(name):
 
 @pytest.mark.parametrize("name", sorted(BASIC_STRUCTURE))
 def test_basic_structure_example_names_an_undeclared_adapter(name):
-    # Both revisions' "Basic Structure" has "lora_name": "optional_lora_name" and no adapters declared.
-    with pytest.raises(InferInputError) as info:
-        load_job(FIXTURES / name)
-    assert info.value.message == BASIC_STRUCTURE_ERROR
-    assert info.value.path == "requests[0].lora_name"
+    # Both revisions' "Basic Structure" has "lora_name": "optional_lora_name" and no adapters declared:
+    # its batch fails with that reason, the file itself is fine.
+    parsed = load_job(FIXTURES / name)
+    assert parsed.batches[0].error == BASIC_STRUCTURE_ERROR
+    assert parsed.items[0].error == BASIC_STRUCTURE_ERROR
 
 
 def test_basic_structure_000_values_once_its_adapter_is_declared():
@@ -711,14 +709,6 @@ FILE_ERRORS = [
         {"available_lora_weights": ["x"], "requests": [req()]},
         "available_lora_weights: must be an object mapping adapter names to file paths, got an array",
     ),
-    (
-        {"available_lora_weights": {"a": "p", "b": "q"}, "requests": [req(lora_name="c")]},
-        'requests[0].lora_name: "c" is not in available_lora_weights (declared: "a", "b")',
-    ),
-    (
-        {"requests": [req(), req(lora_name="x")]},
-        'requests[1].lora_name: "x" is not in available_lora_weights (none are declared)',
-    ),
     ({"requests": [req(lora_name=3)]}, "requests[0].lora_name: must be a string, got 3"),
     # messages and content
     ({"requests": [{"messages": []}]}, "requests[0].messages: must hold at least one message"),
@@ -1054,3 +1044,24 @@ def test_parsing_leaves_the_input_unchanged():
 
 def test_public_names():
     assert edgellm.infer.__all__ == ["InferBatch", "InferInputError", "InferItem", "InferJob", "load_job", "parse_job"]
+
+
+def test_an_undeclared_adapter_fails_its_batch_only():
+    parsed = job({"available_lora_weights": {"a": "p", "b": "q"}, "requests": [req(lora_name="c"), req()]})
+    assert parsed.batches[0].error == 'lora_name "c" is not in available_lora_weights (declared: "a", "b")'
+    assert parsed.batches[1].error is None and parsed.items[1].error is None
+
+
+def test_content_item_types_must_be_strings():
+    for bad in (["text"], {"t": 1}, 3):
+        data = {"requests": [{"messages": [{"role": "user", "content": [{"type": bad, "text": "x"}]}]}]}
+        with pytest.raises(InferInputError) as info:
+            job(data)
+        assert info.value.message.startswith("requests[0].messages[0].content[0].type: must be one of")
+
+
+def test_structural_tag_structures_refuse_unknown_keys():
+    tag = {"triggers": ["<f="], "structures": [{"begin": "<f=a>", "schema": {}, "end": "</f>", "foo": 1}]}
+    with pytest.raises(InferInputError) as info:
+        job({"requests": [req(guided_decoding={"structural_tag": tag})]})
+    assert 'structures[0]: unknown key "foo" (expected begin, schema and end)' in info.value.message

@@ -63,7 +63,7 @@ def test_every_seed_example_runs(name, options, tmp_path):
         if job.items[i].request.guide is not None and "error" in response:
             # The person record at temperature 1.0 may not close within 12 tokens: then the answer
             # says so (finishing inside the budget is the engine's next round of work).
-            assert response["finish_reason"] == "max-length"
+            assert response["finish_reason"] == "error"
             assert response["error"].startswith("structured output was cut at max_tokens")
             continue
         assert response["finish_reason"] in ("end-of-sequence", "max-length", "stop-words"), response
@@ -80,25 +80,56 @@ def test_multimodal_examples_fail_alone_with_a_clear_error(options, tmp_path):
         assert second["finish_reason"] != "error" and result.failed == 1
 
 
-def test_the_basic_structure_example_names_its_undeclared_adapter(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edgellm",
-            "infer",
-            "--input",
-            str(FIXTURES / "000_basic_structure.json"),
-            "--output",
-            str(tmp_path / "out.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 2, r.stderr
-    assert 'requests[0].lora_name: "optional_lora_name" is not in available_lora_weights' in r.stderr
-    assert "Traceback" not in r.stderr and not (tmp_path / "out.json").exists()
+def test_the_basic_structure_examples_fail_their_batch_with_the_reason(tmp_path):
+    for name in ("000_basic_structure.json", "001_basic_structure.json"):
+        out = tmp_path / f"{name}.out"
+        r = subprocess.run(
+            [sys.executable, "-m", "edgellm", "infer", "--input", str(FIXTURES / name), "--output", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 1 and "1 of 1 requests failed" in r.stderr and "Traceback" not in r.stderr
+        (response,) = json.loads(out.read_text())["responses"]
+        assert response["finish_reason"] == "error"
+        assert response["error"] == (
+            'lora_name "optional_lora_name" is not in available_lora_weights (none are declared)'
+        )
+
+
+def test_unwritable_outputs_are_refused_before_the_run(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"requests": [{"messages": user("Say hi.")}]}))
+    r = infer("--input", str(good), "--output", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+LONG_NAME = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "minLength": 40}},
+    "required": ["name"],
+}
+
+
+def test_a_guided_output_cut_by_the_length_limit_is_an_error(options, tmp_path):
+    data = {
+        "temperature": 0.0,
+        "max_generate_length": 3,
+        "requests": [{"messages": user("A person record."), "guided_decoding": {"json_schema": LONG_NAME}}],
+    }
+    result = run(data, options, tmp_path)
+    (response,) = result.document["responses"]
+    assert response["finish_reason"] == "error" and result.failed == 1
+    assert response["error"].startswith("structured output was cut at max_tokens")
+
+
+def test_warmup_leaves_nothing_in_the_prefix_cache(options, tmp_path):
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps({"max_generate_length": 4, "requests": [{"messages": user("Say hi.")}]}))
+    warmed = InferOptions(model=options.model, max_seq_len=512, warmup=2)
+    result = run_job(load_job(src), warmed)
+    assert result.document["responses"][0]["usage"]["reused_prefix_tokens"] == 0
+    assert result.profile["totals"]["warmup_ms"] > 0
 
 
 # -- outputs ---------------------------------------------------------------------------------------
