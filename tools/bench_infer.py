@@ -23,22 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgellm.infer.contract import parse_job  # noqa: E402
 from edgellm.infer.runner import InferOptions, run_job  # noqa: E402
 from edgellm.runtime.settings import bundled_model_path, load_settings  # noqa: E402
+from tools.bench import PROMPTS as QUESTIONS  # noqa: E402  (the same questions as the native benchmark)
 
 SYSTEM = (
     "You are the assistant of a field robot on a vineyard. The vineyard has forty rows of grapes, two "
     "tractors, a weather station, a pump house and a barn with three doors. Keep answers short, factual "
     "and friendly, and say when you do not know."
 )
-QUESTIONS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a bicycle works.",
-    "Describe a busy market in the morning.",
-    "Write a letter to a friend about a trip to the mountains.",
-    "Explain why the sky is blue.",
-    "Describe your ideal weekend.",
-    "Write a poem about autumn leaves.",
-    "Explain how plants make food from sunlight.",
-]
 
 
 def messages(i: int) -> list[dict]:
