@@ -72,6 +72,11 @@ def _load_model(path: str, n_gpu_layers: int) -> ctypes.c_void_p:
     return model
 
 
+def raw_prompt_text(messages: list[dict]) -> str:
+    """What a prompt without a chat template is: the contents, concatenated as written."""
+    return "".join(str(m.get("content") or "") for m in messages)
+
+
 class LlamaModel:
     """Owns model + context + batch. Not thread-safe: one engine thread drives it."""
 
@@ -239,7 +244,7 @@ class LlamaModel:
         """The prompt without a chat template: the contents as written, in order, after the model's BOS
         when its vocabulary asks for one. Control-token text is parsed: whoever writes a raw prompt
         writes its markup too (TensorRT-Edge-LLM's apply_chat_template=false)."""
-        text = "".join(str(m.get("content") or "") for m in messages)
+        text = raw_prompt_text(messages)
         if limit is not None and len(text) > 16 * limit + 1024:  # far more bytes than tokens fit: no need to count
             raise InvalidRequest(f"prompt is over {limit} tokens but a slot holds at most {limit}; shorten it")
         tokens = self.tokenize(text, special=True)

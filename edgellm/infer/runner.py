@@ -19,6 +19,7 @@ from typing import Any
 
 from edgellm.api.output_processor import RequestOutput
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.model import raw_prompt_text
 from edgellm.engine.types import CacheCommit, EngineRequest, FinishReason, SamplingParams, StopCause
 from edgellm.errors import EdgeLLMError
 from edgellm.infer.contract import InferBatch, InferItem, InferJob
@@ -193,7 +194,7 @@ class _Runner:
         model = self.engine.model
         try:
             if not request.apply_chat_template:
-                return "".join(str(m.get("content") or "") for m in request.messages)
+                return raw_prompt_text(request.messages)
             return model.render_chat(
                 request.messages,
                 add_generation_prompt=request.add_generation_prompt,
