@@ -12,9 +12,10 @@ embeddings, each one position. Note the LLaVA graph runs layers - 1 ViT blocks (
 layer's output, as LLaVA does); the last block's tensors must still be in the file.
 
 Audio: projector type "ultravox": a Whisper-style encoder (two conv1d over the log-mel spectrogram, the second
-with stride 2, learned positions, pre-LN blocks, a final LN), frames stacked by stack_factor, then
-RMS norm (mm.a.norm_pre) -> mm.a.mlp.1 -> SwiGLU -> RMS norm (mm.a.norm_mid) -> mm.a.mlp.2 to n_embd_text. mtmd pads/cuts audio to 30 s
-chunks of 16 kHz mono float PCM, 3000 mel frames each, which give 3000 / 2 / stack_factor embeddings per chunk.
+with stride 2, learned positions, pre-LN blocks, a final LN), frames stacked by stack_factor, then RMS norm
+(mm.a.norm_pre) -> mm.a.mlp.1 -> SwiGLU -> RMS norm (mm.a.norm_mid) -> mm.a.mlp.2 to n_embd_text. mtmd cuts audio
+into 30 s chunks of 16 kHz mono float PCM, 3000 mel frames each, which give 3000 / 2 / stack_factor embeddings
+per chunk.
 
 The key names, tensor names and shapes follow llama.cpp's tools/mtmd (clip-impl.h, clip.cpp load_hparams and
 load_tensors, models/llava.cpp and models/whisper-enc.cpp) at the version llama-cpp-python 0.3.36 vendors. Shapes
@@ -255,12 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     n_embd = args.n_embd if args.n_embd is not None else text_model_n_embd(args.model)
     if args.audio:
-        out = build_audio_mmproj(args.out, n_embd_text=n_embd, hidden=args.hidden, layers=args.layers or 1,
-                                 seed=args.seed)
+        out = build_audio_mmproj(
+            args.out, n_embd_text=n_embd, hidden=args.hidden, layers=args.layers or 1, seed=args.seed
+        )
     else:
-        out = build_vision_mmproj(args.out, n_embd_text=n_embd, image_size=args.image_size,
-                                  patch_size=args.patch_size, hidden=args.hidden, layers=args.layers or 2,
-                                  seed=args.seed)
+        out = build_vision_mmproj(
+            args.out,
+            n_embd_text=n_embd,
+            image_size=args.image_size,
+            patch_size=args.patch_size,
+            hidden=args.hidden,
+            layers=args.layers or 2,
+            seed=args.seed,
+        )
     print(f"{out} ({out.stat().st_size} bytes, n_embd {n_embd})")
     return 0
 
