@@ -175,19 +175,25 @@ def build_audio_mmproj(
     layers: int = 1,
     heads: int = 4,
     ffn: int | None = None,
-    stack_factor: int = 8,
+    stack_factor: int = 10,
     proj_hidden: int | None = None,
-    out_gain: float = 4.0,
+    out_gain: float = 1.0,
     seed: int = 0,
 ) -> Path:
     """Write an "ultravox" (Whisper encoder + stacked-frame SwiGLU MLP) audio projector; return its path.
 
-    mtmd's Whisper preprocessing gives 3000 mel frames per 30 s chunk; the encoder halves them and the
-    projector stacks stack_factor of them, so one chunk is 1500 / stack_factor embeddings. The encoder's
-    learned positions cover 1500 frames, as Whisper's do.
+    mtmd's Whisper preprocessing gives 3000 mel frames per 30 s chunk (shorter audio is padded to 30 s); the
+    encoder halves them and the projector stacks stack_factor of them, so one chunk is 1500 / stack_factor
+    embeddings (150 by default). The encoder's learned positions cover 1500 frames, as Whisper's do.
+
+    stack_factor must divide 1500: clip.cpp counts the output tokens as ceil(3000 / stack_factor) / 2 (floor)
+    while the graph makes ceil(1500 / stack_factor), and aborts the process (GGML_ABORT "Invalid number of output
+    tokens") at the first encode when the two differ, e.g. with Ultravox's own stack_factor 8.
     """
     if hidden % heads:
         raise ValueError("hidden must be a multiple of heads")
+    if 1500 % stack_factor:
+        raise ValueError("stack_factor must divide 1500 (see the docstring)")
     ffn = ffn or 2 * hidden + 8
     proj_hidden = proj_hidden or 2 * hidden
     n_ctx = 1500  # whisper positions after the stride-2 conv over 3000 frames
