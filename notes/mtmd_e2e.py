@@ -242,6 +242,88 @@ def run_helper(mctx, text: Text, images: list[np.ndarray], prompt: str) -> list[
     return text.greedy(new_pos.value, N_GEN)
 
 
+def two_sequences(mctx, model, images: list[np.ndarray], prompt: str) -> list[list[int]]:
+    """The engine's way: one context with a sequence per request; every stage batches all sequences together.
+
+    Stage 1 decodes every sequence's text before the image in one token batch, stage 2 every sequence's image
+    embeddings in ONE embd batch (rows carry their own seq_id and positions), stage 3 the text after the image,
+    then greedy decoding steps all live sequences in one token batch. (Prompts with one image each.)
+    """
+    n_seq = len(images)
+    cp = L.llama_context_default_params()
+    cp.n_ctx = 1024 * n_seq
+    cp.n_batch = cp.n_ubatch = N_BATCH
+    cp.n_seq_max = n_seq
+    cp.kv_unified = False
+    cp.n_threads = cp.n_threads_batch = N_THREADS
+    ctx = L.llama_init_from_model(model, cp)
+    n_embd = L.llama_model_n_embd_inp(model)
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    tb = L.llama_batch_init(N_BATCH, 0, n_seq)
+    eb = L.llama_batch_init(N_BATCH, n_embd, n_seq)
+
+    stages = []  # per sequence: [head tokens, image embeddings, tail tokens]
+    for img in images:
+        chunks = tokenize(mctx, prompt, [image_bitmap(img)])
+        parts = []
+        for i in range(M.mtmd_input_chunks_size(chunks)):
+            ch = M.mtmd_input_chunks_get(chunks, i)
+            if M.mtmd_input_chunk_get_type(ch) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                cnt = ctypes.c_size_t(0)
+                ptr = M.mtmd_input_chunk_get_tokens_text(ch, ctypes.byref(cnt))
+                parts.append([ptr[j] for j in range(cnt.value)])
+            else:
+                assert M.mtmd_encode_chunk(mctx, ch) == 0
+                k = M.mtmd_input_chunk_get_n_tokens(ch)
+                parts.append(np.ctypeslib.as_array(M.mtmd_get_output_embd(mctx), shape=(k, n_embd)).copy())
+        M.mtmd_input_chunks_free(chunks)
+        stages.append(parts)
+
+    pos = [0] * n_seq
+
+    def token_step(rows: list[tuple[int, int, bool]]) -> None:  # (seq, token, want logits)
+        tb.n_tokens = len(rows)
+        for j, (s, t, lg) in enumerate(rows):
+            tb.token[j], tb.pos[j], tb.n_seq_id[j], tb.logits[j] = t, pos[s], 1, int(lg)
+            tb.seq_id[j][0] = s
+            pos[s] += 1
+        assert L.llama_decode(ctx, tb) == 0
+
+    token_step([(s, t, False) for s in range(n_seq) for t in stages[s][0]])
+    rows = np.concatenate([stages[s][1] for s in range(n_seq)])
+    eb.n_tokens = rows.shape[0]
+    ctypes.memmove(eb.embd, rows.ctypes.data, rows.nbytes)
+    j = 0
+    for s in range(n_seq):
+        for _ in range(stages[s][1].shape[0]):
+            eb.pos[j], eb.n_seq_id[j], eb.logits[j] = pos[s], 1, 0
+            eb.seq_id[j][0] = s
+            pos[s] += 1
+            j += 1
+    assert L.llama_decode(ctx, eb) == 0
+    token_step([(s, t, i == len(stages[s][2]) - 1) for s in range(n_seq) for i, t in enumerate(stages[s][2])])
+
+    outs: list[list[int]] = [[] for _ in range(n_seq)]
+    live = list(range(n_seq))  # logits rows come in batch order of the rows that asked for them
+    for _ in range(N_GEN):
+        logits = np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(len(live), n_vocab))
+        nxt = []
+        for r, s in enumerate(live):
+            t = int(np.argmax(logits[r]))
+            outs[s].append(t)
+            if not L.llama_vocab_is_eog(vocab, t):
+                nxt.append((s, t, True))
+        live = [s for s, _, _ in nxt]
+        if not nxt:
+            break
+        token_step(nxt)
+    L.llama_batch_free(tb)
+    L.llama_batch_free(eb)
+    L.llama_free(ctx)
+    return outs
+
+
 def main() -> int:
     from edgellm.runtime.settings import bundled_model_path
 
@@ -290,6 +372,10 @@ def main() -> int:
     two = f"<|im_start|>user\n{marker} and {marker}: same?<|im_end|>\n<|im_start|>assistant\n"
     out_ab, _, info2 = run_vision(mctx, text, [img_a, img_b], two)
     print(f"two images: chunks {[d['type'] for d in info2]} -> {text.detok(out_ab)!r}")
+
+    multi = two_sequences(mctx, text.model, [img_a, img_b], prompt)
+    print(f"two sequences, images in one embd batch: {multi}")
+    assert multi == [out_a, out_b], "continuous-batch evaluation differs from one sequence at a time"
     M.mtmd_free(mctx)
 
     apath = build_audio_mmproj(tmp / "audio.gguf", n_embd_text=text.n_embd)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from llama_cpp._logger import llama_log_callback
 
-from tools.build_mmproj import build_audio_mmproj, build_vision_mmproj, main, text_model_n_embd
+from tools.build_mmproj import build_audio_mmproj, build_vision_mmproj, gguf_metadata, main, text_model_n_embd
 
 N_BATCH = 256
 N_GEN = 8
@@ -189,6 +189,17 @@ def test_cli_reads_the_text_models_embedding_size(tmp_path, model_path, capsys):
     assert "n_embd 576" in capsys.readouterr().out
     caps = M.mtmd_get_cap_from_file(str(out).encode())
     assert caps.inp_vision and not caps.inp_audio
+    keys = {"clip.projector_type", "clip.vision.image_size", "clip.vision.patch_size", "clip.vision.projection_dim"}
+    assert gguf_metadata(out, keys) == {
+        "clip.projector_type": "mlp",
+        "clip.vision.image_size": 32,
+        "clip.vision.patch_size": 8,
+        "clip.vision.projection_dim": 576,
+    }
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"GGML not a gguf")
+    with pytest.raises(ValueError, match="not a GGUF"):
+        gguf_metadata(bogus, keys)
 
 
 def test_vision_projector_loads(vision):
