@@ -30,12 +30,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import gguf  # the gguf package (pip install gguf), a project dependency
 import numpy as np
-
-try:
-    import gguf
-except ImportError as e:  # pragma: no cover - the gguf package is a project dependency
-    raise SystemExit("tools/build_mmproj.py needs the gguf package (pip install gguf)") from e
 
 # clip.cpp reads these (clip-impl.h KEY_*); "%s" is "vision" or "audio"
 KEY_PROJ_TYPE = "clip.projector_type"
