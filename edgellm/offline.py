@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.model import LlamaModel
+from edgellm.engine.projector import attach_projector
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.types import EngineOutput, EngineRequest
 
@@ -40,7 +41,16 @@ class OfflineEngine:
 
     def __init__(self, config: ModelConfig, *, max_waiting: int = 256):
         self.model = LlamaModel(config)
-        self.scheduler = Scheduler(self.model, max_waiting=max_waiting)
+        projector, projector_error = attach_projector(
+            config.mmproj_path,
+            config.path,
+            self.model.model,
+            n_threads=self.model.n_threads,
+            use_gpu=self.model.offload.device == "gpu",
+        )
+        self.scheduler = Scheduler(
+            self.model, max_waiting=max_waiting, projector=projector, projector_error=projector_error
+        )
         self.processor = OutputProcessor()
         self.max_waiting = max_waiting
 

@@ -33,6 +33,8 @@ from pathlib import Path
 import gguf  # the gguf package (pip install gguf), a project dependency
 import numpy as np
 
+from edgellm.engine.gguf_header import read_metadata as gguf_metadata
+
 # clip.cpp reads these (clip-impl.h KEY_*); "%s" is "vision" or "audio"
 KEY_PROJ_TYPE = "clip.projector_type"
 KEY_HAS_VISION = "clip.has_vision_encoder"
@@ -228,55 +230,6 @@ def build_audio_mmproj(
     t.linear("mm.a.mlp.2", n_embd_text, proj_hidden, bias=False, gain=out_gain)
     _finish(w)
     return path
-
-
-_GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def gguf_metadata(path: str | Path, wanted: set[str]) -> dict[str, object]:
-    """Scalar and string values of the wanted GGUF keys, reading the header only (GGUFReader parses every array,
-    the tokenizer's included, which takes seconds on a model file). Stops once all wanted keys are found."""
-    import struct
-
-    found: dict[str, object] = {}
-    with open(path, "rb") as f:
-
-        def read(fmt: str):
-            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-        def read_str() -> str:
-            return f.read(read("<Q")).decode("utf-8", "replace")
-
-        def skip(vtype: int) -> None:
-            if vtype == 8:
-                f.seek(read("<Q"), 1)
-            elif vtype == 9:
-                item, count = read("<I"), read("<Q")
-                if item in _GGUF_SCALAR:
-                    f.seek(struct.calcsize(_GGUF_SCALAR[item]) * count, 1)
-                else:
-                    for _ in range(count):
-                        skip(item)
-            else:
-                f.seek(struct.calcsize(_GGUF_SCALAR[vtype]), 1)
-
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version = read("<I")
-        if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} is too old")
-        read("<Q")  # n_tensors
-        for _ in range(read("<Q")):
-            key, vtype = read_str(), read("<I")
-            if key in wanted and vtype in _GGUF_SCALAR:
-                found[key] = read(_GGUF_SCALAR[vtype])
-            elif key in wanted and vtype == 8:
-                found[key] = read_str()
-            else:
-                skip(vtype)
-            if wanted <= found.keys():
-                break
-    return found
 
 
 def text_model_n_embd(model_path: str | Path) -> int:

@@ -16,3 +16,4 @@ class ModelConfig:
     n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
     flash_attn: bool = True
     kv_cache_type: str = "f16"  # or "q8_0": half the KV memory (needs flash attention for V)
+    mmproj_path: str | None = None  # a multimodal projector GGUF made for this model (images, audio)

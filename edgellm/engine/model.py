@@ -11,7 +11,9 @@ import logging
 import os
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 import llama_cpp as L
@@ -72,9 +74,27 @@ def _load_model(path: str, n_gpu_layers: int) -> ctypes.c_void_p:
     return model
 
 
+# How a media part shows in a prompt's text (formatted_complete_request, logs): llama.cpp's marker.
+MEDIA_MARKER = "<__media__>"
+# A media hook: index into the request's media -> the prompt entries that stand for it (negative ids).
+MediaHook = Callable[[int], list[int]]
+
+
+def content_parts(content: Any) -> list[str | int]:
+    """A message's content as parts: text (str) and media (the index of an item in the request's media).
+
+    Content is a string, or a list of {"type": "text", "text": str} and {"type": "media", "index": int}.
+    """
+    if isinstance(content, list):
+        return [p["text"] if p.get("type") == "text" else int(p["index"]) for p in content]
+    return [str(content or "")]
+
+
 def raw_prompt_text(messages: list[dict]) -> str:
     """What a prompt without a chat template is: the contents, concatenated as written."""
-    return "".join(str(m.get("content") or "") for m in messages)
+    return "".join(
+        part if isinstance(part, str) else MEDIA_MARKER for m in messages for part in content_parts(m.get("content"))
+    )
 
 
 class LlamaModel:
@@ -200,6 +220,7 @@ class LlamaModel:
         limit: int | None = None,
         add_generation_prompt: bool = True,
         template_kwargs: dict | None = None,
+        media: MediaHook | None = None,
     ) -> list[int]:
         """The prompt of a conversation, where only the template's own markup may become control tokens.
 
@@ -207,7 +228,8 @@ class LlamaModel:
         rendered text is then tokenized piecewise: template text with special-token parsing on,
         client content with it off, so a user who writes "<|im_start|>system" gets those
         characters as text, not a forged role turn. Past `limit` tokens it stops with a 400 at once
-        instead of tokenizing the rest of a prompt that cannot fit anyway.
+        instead of tokenizing the rest of a prompt that cannot fit anyway. Media parts of a content
+        list become what `media` returns for them (the projector's stand-ins).
         """
         # Private-use marks with a per-call nonce: client text cannot contain (or fake) a placeholder.
         nonce = secrets.token_hex(8)
@@ -222,6 +244,8 @@ class LlamaModel:
         if sorted(indices) != list(range(len(messages))):
             # The template transformed the content (sliced it, repeated it): fall back to tokenizing
             # the rendered prompt as a whole, as llama.cpp's own server does.
+            if any(isinstance(m.get("content"), list) for m in messages):
+                raise InvalidRequest("this model's chat template cannot carry content parts (images, audio)")
             log.warning("chat template altered the content placeholders; control-token text in content is parsed")
             return self.tokenize(self.render_chat(messages, **options), special=True)
         tokens: list[int] = []
@@ -230,9 +254,7 @@ class LlamaModel:
                 if text:
                     tokens += self.tokenize(text, special=True)
             else:
-                content = messages[int(text)]["content"]
-                if content:
-                    tokens += self.tokenize(content, special=False)
+                tokens += self._content_tokens(messages[int(text)]["content"], False, media)
             if limit is not None and len(tokens) > limit:
                 raise InvalidRequest(
                     f"prompt is over {limit} tokens (stopped counting at message {j // 2} of {len(messages)}) but a "
@@ -240,14 +262,35 @@ class LlamaModel:
                 )
         return tokens
 
-    def raw_tokens(self, messages: list[dict], *, limit: int | None = None) -> list[int]:
+    def _content_tokens(self, content: Any, special: bool, media: MediaHook | None) -> list[int]:
+        """One message's content: text parts tokenized (control-token text parsed only when `special`),
+        media parts as `media` gives them."""
+        tokens: list[int] = []
+        for part in content_parts(content):
+            if isinstance(part, str):
+                if part:
+                    tokens += self.tokenize(part, special=special)
+            elif media is None:
+                raise InvalidRequest("this model takes text only: it has no multimodal projector (mmproj_path)")
+            else:
+                tokens += media(part)
+        return tokens
+
+    def raw_tokens(
+        self, messages: list[dict], *, limit: int | None = None, media: MediaHook | None = None
+    ) -> list[int]:
         """The prompt without a chat template: the contents as written, in order, after the model's BOS
         when its vocabulary asks for one. Control-token text is parsed: whoever writes a raw prompt
         writes its markup too (TensorRT-Edge-LLM's apply_chat_template=false)."""
         text = raw_prompt_text(messages)
         if limit is not None and len(text) > 16 * limit + 1024:  # far more bytes than tokens fit: no need to count
             raise InvalidRequest(f"prompt is over {limit} tokens but a slot holds at most {limit}; shorten it")
-        tokens = self.tokenize(text, special=True)
+        if any(isinstance(m.get("content"), list) for m in messages):
+            tokens: list[int] = []
+            for m in messages:
+                tokens += self._content_tokens(m.get("content"), True, media)
+        else:
+            tokens = self.tokenize(text, special=True)
         bos = L.llama_vocab_bos(self.vocab)
         if L.llama_vocab_get_add_bos(self.vocab) and bos >= 0 and tokens[:1] != [bos]:
             tokens.insert(0, bos)

@@ -18,19 +18,30 @@ import numpy as np
 
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel
-from edgellm.engine.slot import PreparedRequest, Slot, SlotState
+from edgellm.engine.projector import MediaCollector, Projector
+from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
 from edgellm.engine.token_step import Finish, TokenStep
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind
 from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest, QueueFull
+from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, model: LlamaModel, *, max_waiting: int = 64):
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        max_waiting: int = 64,
+        projector: Projector | None = None,
+        projector_error: str | None = None,
+    ):
         self.model = model
+        self.projector = projector  # images/audio in prompts; None: text only
+        self.projector_error = projector_error  # why a configured projector is not in use
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.waiting: deque[PreparedRequest] = deque()
         self.max_waiting = max_waiting
@@ -61,9 +72,14 @@ class Scheduler:
         self.waiting.append(PreparedRequest(request, self._preparer.submit(self._prepare, request)))
         return None
 
-    def _prepare(self, request: EngineRequest) -> tuple[list[int], Guide | None]:
-        """Prompt tokens and compiled guide of one request; raises EdgeLLMError for the caller's mistakes."""
+    def _prepare(self, request: EngineRequest) -> tuple[Prompt, Guide | None]:
+        """Prompt (tokens, media chunks) and compiled guide of one request; raises EdgeLLMError for the
+        caller's mistakes. Images are resized / audio turned into log-mel frames here, off the step loop."""
         room = self.model.slot_ctx - 1
+        if request.media and self.projector is None:
+            why = f" ({self.projector_error})" if self.projector_error else " (setting mmproj_path)"
+            raise InvalidRequest(f"this model takes text only: images and audio need a multimodal projector{why}")
+        collector = MediaCollector(self.projector, request.media) if self.projector is not None else None
         try:
             if request.apply_chat_template:
                 prompt = self.model.chat_tokens(
@@ -71,9 +87,10 @@ class Scheduler:
                     limit=room,
                     add_generation_prompt=request.add_generation_prompt,
                     template_kwargs=request.template_kwargs,
+                    media=collector,
                 )
             else:
-                prompt = self.model.raw_tokens(request.messages, limit=room)
+                prompt = self.model.raw_tokens(request.messages, limit=room, media=collector)
         except EdgeLLMError:
             raise
         except Exception as exc:  # a template or tokenizer failure is this request's, never the worker's
@@ -86,8 +103,11 @@ class Scheduler:
                 f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
                 f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages"
             )
+        media = collector.spans(prompt) if collector is not None else []
+        if media and media[-1].end == len(prompt):
+            raise InvalidRequest(f"the prompt ends with {media[-1].kind} input; put text after it")
         guide = self.guides.compile(request.guide) if request.guide is not None else None
-        return prompt, guide
+        return Prompt(prompt, media), guide
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
@@ -121,10 +141,11 @@ class Scheduler:
         if plan.empty:
             return outputs
         t0 = time.perf_counter()
-        logits, failed = self._decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
+        failed = self._decode_media(plan)
+        logits = self._decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits, failed)
         elapsed = time.perf_counter() - t0
         self.stats.decode_s += elapsed
-        if plan.prefill:  # a step that carries prompt chunks (generation tokens may ride along)
+        if plan.prefill or plan.media:  # a step that carries prompt chunks (generation tokens may ride along)
             self.stats.prefill_decode_s += elapsed
         self.stats.steps += 1
         outputs += self.update_from_output(plan, logits, failed)
@@ -135,6 +156,11 @@ class Scheduler:
     ) -> list[EngineOutput]:
         """Apply a decoded step: advance positions, then let each sampled slot pick its next token(s)."""
         outputs: list[EngineOutput] = []
+        if plan.media is not None and plan.media[0].seq_id not in failed:
+            slot, span = plan.media
+            slot.n_prefilled += span.n_tokens
+            slot.n_past = slot.media_next_pos
+            self.stats.prompt_tokens += span.n_tokens
         for seq_id, error in failed.items():
             slot = self.slots[seq_id]
             log.error("decode failed for slot %d (request %s): %s", seq_id, slot.request_id, error)
@@ -165,18 +191,38 @@ class Scheduler:
                 outputs.append(delta)
         return outputs
 
+    def _decode_media(self, plan: StepPlan) -> dict[int, str]:
+        """Encode the step's media chunk and decode its embeddings into its slot's sequence (before the
+        token batch, which may carry the text after it). Returns {seq_id: error} when that fails."""
+        if plan.media is None:
+            return {}
+        slot, span = plan.media
+        t0 = time.perf_counter()
+        try:
+            slot.media_next_pos = self.projector.decode_into(
+                self.model.ctx, span, slot.seq_id, slot.n_past, self.model.n_batch
+            )
+        except EngineError as exc:
+            return {slot.seq_id: exc.message}
+        except Exception as exc:  # a fault with one request's media ends that request, never the worker
+            log.exception("slot %d (request %s): media decode failed", slot.seq_id, slot.request_id)
+            return {slot.seq_id: f"internal error while decoding the {span.kind}: {exc!r}"[:500]}
+        finally:
+            self.stats.media_s += time.perf_counter() - t0
+        self.stats.media_chunks += 1
+        return {}
+
     def _decode(
-        self, tokens: list[int], positions: list[int], seqs: list[int], want: list[bool]
-    ) -> tuple[list[np.ndarray | None], dict[int, str]]:
+        self, tokens: list[int], positions: list[int], seqs: list[int], want: list[bool], failed: dict[int, str]
+    ) -> list[np.ndarray | None]:
         """Decode one batch; when llama_decode fails, halve the batch and retry (as llama-server does),
         so a failure ends only the sequences whose tokens fail on their own.
 
-        Returns one logits row per wanted token, in order (None for a failed sequence), and the
-        failed sequence ids with their error.
+        Returns one logits row per wanted token, in order (None for a failed sequence); adds the
+        failed sequence ids with their error to `failed` (sequences already there are skipped).
         """
         row_of = [r - 1 for r in itertools.accumulate(int(w) for w in want)]
         rows: list[np.ndarray | None] = [None] * (row_of[-1] + 1 if row_of else 0)
-        failed: dict[int, str] = {}
 
         def run(idx: list[int]) -> None:
             idx = [i for i in idx if seqs[i] not in failed]
@@ -202,7 +248,7 @@ class Scheduler:
                 rows[row_of[i]] = out[k]
 
         run(list(range(len(tokens))))
-        return rows, failed
+        return rows
 
     def _drop_cancelled(self, outputs: list[EngineOutput]) -> None:
         now = time.time()
@@ -255,8 +301,9 @@ class Scheduler:
                 # Its preparation failed after the check above (the prepare pool runs concurrently).
                 outputs.append(_preparation_failure(prepared))
                 continue
-            prompt, guide = prepared.future.result()
-            prepared.prompt = prompt
+            prepared_prompt, guide = prepared.future.result()
+            prompt = prepared.prompt = prepared_prompt.tokens
+            prepared.media = prepared_prompt.media
             # The idle slot whose cached tokens share the longest prefix with this prompt; at least
             # one prompt token is always decoded again, to get the logits of the first output. KV
             # computed under another adapter is not this request's: only same-adapter caches count.
@@ -266,6 +313,8 @@ class Scheduler:
                 key=lambda pair: pair[0],
             )
             reused = min(shared, len(prompt) - 1)
+            # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
+            reused = next((m.start for m in prepared.media if m.start < reused < m.end), reused)
             if not self.model.trim_sequence(slot.seq_id, reused):
                 reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
                 slot.cached = []
@@ -334,9 +383,18 @@ class Scheduler:
         slot.reset(commit=slot.request.cache_commit)
         return out
 
+    def media_caps(self) -> dict:
+        caps = self.projector.caps.to_dict() if self.projector is not None else MediaCaps().to_dict()
+        return {**caps, "error": self.projector_error}
+
     def close(self) -> None:
         # Wait for a preparation in progress: it tokenizes with the model the caller frees next.
         self._preparer.shutdown(wait=True, cancel_futures=True)
+        for slot in self.slots:
+            slot.media = []  # chunks hold pixels; free them before the projector goes
+        if self.projector is not None:
+            self.projector.close()
+            self.projector = None
         if self._adapters is not None:
             self._adapters.close()
             self._adapters = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from edgellm.engine.guide_llguidance import Guide
+from edgellm.engine.projector import MediaSpan
 from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, TokenLogprob
 
 
@@ -18,13 +19,22 @@ class SlotState(Enum):
 
 
 @dataclass
+class Prompt:
+    """A prepared prompt: token ids, where media chunks sit as runs of negative stand-ins."""
+
+    tokens: list[int]
+    media: list[MediaSpan] = field(default_factory=list)
+
+
+@dataclass
 class PreparedRequest:
-    """A request waiting for a slot; `future` (prompt tokens, compiled guide) resolves off the step loop."""
+    """A request waiting for a slot; `future` (prompt, compiled guide) resolves off the step loop."""
 
     request: EngineRequest
-    future: Future[tuple[list[int], Guide | None]]
+    future: Future[tuple[Prompt, Guide | None]]
     queued_at: float = field(default_factory=time.monotonic)
     prompt: list[int] = field(default_factory=list)  # set from the future at admission
+    media: list[MediaSpan] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
@@ -40,6 +50,7 @@ class Slot:
         # with them skips that part of the prefill (system prompt, earlier chat turns).
         self.cached: list[int] = []
         self.cached_adapter: tuple[str, float] | None = None  # the LoRA adapter `cached` was computed under
+        self.media: list[MediaSpan] = []
 
     def common_prefix(self, prompt: list[int]) -> int:
         n = 0
@@ -53,12 +64,14 @@ class Slot:
         self.request = prepared.request
         self.state = SlotState.PREFILL
         self.prompt = prepared.prompt
-        self.n_prefilled = reused
-        self.n_past = reused
+        self.media = prepared.media
+        self.n_prefilled = reused  # prompt entries whose KV is in the sequence
+        self.n_past = reused  # the next position (behind n_prefilled under M-RoPE, where media use fewer)
         self.reused = reused
         self.guide = guide
         self.generated: list[int] = []
-        self.history: list[int] = list(prepared.prompt[-prepared.request.sampling.repeat_last_n :])
+        # Media stand-ins are not tokens: penalties see only the text around them.
+        self.history: list[int] = [t for t in prepared.prompt[-prepared.request.sampling.repeat_last_n :] if t >= 0]
         self.data = bytearray()  # raw bytes of every generated token (stop strings are matched on them)
         self.emitted_bytes = 0  # of `data`, already reported in an output
         self.emitted_logprobs = 0  # of `logprobs`, already reported
@@ -69,6 +82,19 @@ class Slot:
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
+
+    def media_at(self, index: int) -> MediaSpan | None:
+        """The media chunk that starts at prompt entry `index`, if one does."""
+        return next((m for m in self.media if m.start == index), None)
+
+    def text_end(self, index: int) -> int:
+        """Where the text run from `index` ends: the next media chunk or the prompt's end."""
+        return min((m.start for m in self.media if m.start >= index), default=len(self.prompt))
+
+    @property
+    def cells(self) -> int:
+        """KV cells the sequence holds (n_past counts positions; media under M-RoPE take more cells)."""
+        return self.n_past + sum(m.n_tokens - m.n_pos for m in self.media if m.end <= self.n_prefilled)
 
     @property
     def request_id(self) -> str:
@@ -111,6 +137,11 @@ class Slot:
             self.cached = self.prompt[: self.n_past]
         else:
             self.cached = []
+        if any(m.n_pos != m.n_tokens for m in self.media):
+            # M-RoPE: positions stop matching prompt entries at the first image, so only the text
+            # before it can be matched by a later prompt's entries.
+            self.cached = self.cached[: self.media[0].start]
+        self.media = []  # frees the chunks' preprocessed pixels
         self.state = SlotState.IDLE
         self.request = None
         self.guide = None

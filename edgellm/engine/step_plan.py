@@ -2,7 +2,9 @@
 
 `schedule(slots, n_batch)` decides, without touching llama.cpp, which tokens each slot feeds this
 step: every generating slot its pending tokens (the last sampled one plus grammar-forced ones),
-then prompt chunks of prefilling slots, in slot order, until the batch budget is spent. The
+then prompt chunks of prefilling slots, in slot order, until the batch budget is spent. A prompt's
+media chunk (an image, a 30 s audio window) goes in `media`: at most one per step, encoded and
+decoded before the token batch, so text slots wait for at most one encode per step. The
 scheduler decodes the plan and applies the outcome (`Scheduler.update_from_output`). Speculative
 decoding will add draft tokens here, as more pending tokens of a decoding slot.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from edgellm.engine.projector import MediaSpan
 from edgellm.engine.slot import Slot, SlotState
 
 
@@ -24,10 +27,11 @@ class StepPlan:
     sampled: list[Slot] = field(default_factory=list)  # slots whose logits row is sampled, in row order
     decoding: list[Slot] = field(default_factory=list)  # generating slots (their pending tokens are fed)
     prefill: list[tuple[Slot, int]] = field(default_factory=list)  # (slot, prompt tokens fed this step)
+    media: tuple[Slot, MediaSpan] | None = None  # decoded first; that slot's text after it may follow
 
     @property
     def empty(self) -> bool:
-        return not self.tokens
+        return not self.tokens and self.media is None
 
     def _feed(self, slot: Slot, tokens: Sequence[int], first_pos: int, logits_for_last: bool) -> None:
         n = len(tokens)
@@ -47,11 +51,21 @@ def schedule(slots: Sequence[Slot], n_batch: int) -> StepPlan:
             plan.decoding.append(slot)
     budget = n_batch - len(plan.tokens)
     for slot in slots:
-        if slot.state is not SlotState.PREFILL or budget <= 0:
+        if slot.state is not SlotState.PREFILL:
             continue
-        chunk = slot.prompt[slot.n_prefilled : slot.n_prefilled + budget]
-        done = slot.n_prefilled + len(chunk) == len(slot.prompt)
-        plan._feed(slot, chunk, slot.n_prefilled, done)  # the prompt's last token gives the first logits
+        start, pos = slot.n_prefilled, slot.n_past
+        if (span := slot.media_at(start)) is not None:
+            if plan.media is not None:
+                continue  # one encode per step
+            plan.media = (slot, span)
+            start, pos = span.end, pos + span.n_pos
+        if budget <= 0:
+            continue
+        chunk = slot.prompt[start : min(slot.text_end(start), start + budget)]
+        if not chunk:
+            continue  # another media chunk follows at once: next step
+        done = start + len(chunk) == len(slot.prompt)
+        plan._feed(slot, chunk, pos, done)  # the prompt's last token gives the first logits
         if done:
             plan.sampled.append(slot)
         plan.prefill.append((slot, len(chunk)))

@@ -85,7 +85,7 @@ class TokenStep:
             return Finish(FinishReason.STOP, cause=StopCause.STOP_STRING)
         if slot.guide is not None and slot.guide.is_done():
             return Finish(FinishReason.STOP, cause=StopCause.GUIDE)
-        if len(slot.generated) >= params.max_tokens or slot.n_past + 1 + len(forced) > self.model.slot_ctx:
+        if len(slot.generated) >= params.max_tokens or slot.cells + 1 + len(forced) > self.model.slot_ctx:
             return Finish(FinishReason.LENGTH)
         slot.pending = [token, *forced]
         return None
@@ -101,7 +101,7 @@ class TokenStep:
         g0 = time.perf_counter()
         room = min(
             params.max_tokens - len(slot.generated) - 1,
-            self.model.slot_ctx - slot.n_past - 2,
+            self.model.slot_ctx - slot.cells - 2,
             self.max_feed - 1,
         )
         forced: list[int] = []

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from edgellm.media.types import MediaInput
+
 
 class FinishReason(StrEnum):
     STOP = "stop"  # end-of-generation token, stop string, or the grammar completed
@@ -88,6 +90,8 @@ class EngineRequest:
     cache_commit: CacheCommit = CacheCommit.ALL
     lora_path: str | None = None  # a GGUF LoRA adapter (engine/lora.py makes one from PEFT safetensors)
     lora_scale: float = 1.0
+    # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).
+    media: list[MediaInput] = field(default_factory=list)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 
 from edgellm.engine.model import LlamaModel
+from edgellm.engine.projector import attach_projector
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.types import EngineRequest, SamplingParams
 from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
@@ -51,7 +52,16 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
     parent = os.getppid()
     try:
         model = LlamaModel(config.model, force_gpu_failure=config.force_gpu_failure)
-        scheduler = Scheduler(model, max_waiting=config.max_waiting)
+        projector, projector_error = attach_projector(
+            config.model.mmproj_path,
+            config.model.path,
+            model.model,
+            n_threads=model.n_threads,
+            use_gpu=model.offload.device == "gpu",
+        )
+        scheduler = Scheduler(
+            model, max_waiting=config.max_waiting, projector=projector, projector_error=projector_error
+        )
         warmup_ms = warm_up(scheduler)
     except Exception as exc:  # report why, then exit: the supervisor decides what to do
         log.exception("engine failed to start")
@@ -67,6 +77,7 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         "n_vocab": model.n_vocab,
         "offload": {**asdict(model.offload), "device": model.offload.device},
         "warmup_ms": round(warmup_ms, 1),
+        "media": scheduler.media_caps(),
         "pid": os.getpid(),
     }
     log.info(
