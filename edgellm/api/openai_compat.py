@@ -178,21 +178,12 @@ def _list(value: Any) -> list:
 
 
 def _message(i: int, msg: Any) -> Any:
-    """OpenAI extras: the 'developer' role, content as an array of text parts."""
+    """OpenAI extras: the 'developer' role. Content arrays (text, image_url, input_audio parts) are
+    checked with the seed endpoints' rules (media/parts.py)."""
     if not isinstance(msg, dict):
         return msg
-    msg = dict(msg)
-    if msg.get("role") == "developer":
-        msg["role"] = "system"
-    content = msg.get("content")
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"messages[{i}].content: only text parts are supported", param="messages")
-            texts.append(part["text"])
-        msg["content"] = "\n".join(texts)
-    return {"role": msg.get("role"), "content": msg.get("content")}
+    role = "system" if msg.get("role") == "developer" else msg.get("role")
+    return {"role": role, "content": msg.get("content")}
 
 
 def logprobs_body(entries: list[dict[str, Any]], opts: OpenAIOptions) -> dict[str, Any] | None:
@@ -252,11 +243,14 @@ def error_body(exc: EdgeLLMError) -> dict[str, Any]:
     }
 
 
-def models_body(model_id: str, created: float) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"id": model_id, "object": "model", "created": int(created), "owned_by": "edgellm"}],
-    }
+def models_body(model_id: str, created: float, media: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one served model; `input_modalities` says what its content parts may carry (edgellm field)."""
+    modalities = ["text"] + [kind for kind in ("image", "audio") if (media or {}).get(VISION_KEYS[kind])]
+    model = {"id": model_id, "object": "model", "created": int(created), "owned_by": "edgellm"}
+    return {"object": "list", "data": [{**model, "input_modalities": modalities}]}
+
+
+VISION_KEYS = {"image": "vision", "audio": "audio"}
 
 
 def now() -> int:

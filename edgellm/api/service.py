@@ -47,6 +47,9 @@ from edgellm.errors import (
     UnknownRequest,
     WaitTimeout,
 )
+from edgellm.media.limits import MediaLimits, MediaSources
+from edgellm.media.loading import load_content
+from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,8 @@ class ServiceConfig:
     temperature_max: float = TEMPERATURE_MAX
     min_completion_tokens: int = MIN_COMPLETION_TOKENS  # the seed endpoints' floor; OpenAI's is 1
     max_completion_tokens: int = MAX_COMPLETION_TOKENS
+    media_sources: MediaSources = MediaSources()  # where image/audio references may point
+    media_limits: MediaLimits = MediaLimits()
 
     def limits(self) -> dict[str, Any]:
         """The keyword arguments of parse_chat_request / parse_openai_request for this node."""
@@ -135,13 +140,24 @@ def parse_openai_now(body: Any, config: ServiceConfig, n_vocab: int | None) -> t
     return request, opts
 
 
+def load_media(request: ChatRequest, config: ServiceConfig, caps: MediaCaps | None) -> ChatRequest:
+    """Fetch and decode the request's images/audio (blocking I/O and decoding: run it off the event loop).
+    Raises MediaError (400/413) for anything wrong with them."""
+    if request.has_media:
+        messages, media = load_content(request.messages, caps, config.media_sources, config.media_limits)
+        request.with_media(messages, media)
+    return request
+
+
 def engine_request(
     request_id: str, request: ChatRequest, seed: int, *, created_at: float, stream: bool = False
 ) -> EngineRequest:
     """What the engine is sent for a validated request; its deadline counts from `created_at`."""
+    messages, media = request.engine_messages()
     return EngineRequest(
         request_id=request_id,
-        messages=request.messages,
+        messages=messages,
+        media=media,
         sampling=request.sampling(seed),
         guide=request.guide,
         deadline=created_at + request.timeout,
@@ -204,6 +220,11 @@ class Service:
                 continue
             self.registry.bump_attempts(rec.request_id)
             request = ChatRequest.from_params(rec.params, rec.metadata)
+            try:
+                load_media(request, self.config, None)  # from the stored sources, as at submission
+            except EdgeLLMError as exc:
+                self.registry.finish(rec.request_id, RequestStatus.FAILED, None, exc.message, exc.error_type)
+                continue
             self._dispatch(rec.request_id, request, rec.seed, stream=False, created_at=rec.created_at)
             n += 1
         if n:
@@ -219,13 +240,26 @@ class Service:
         """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits."""
         request = parse_chat_request(body, **self.config.limits())
         await self.check_engine_limits(request)
-        return request
+        return await self._load_media(request)
 
     async def parse_openai(self, body: Any) -> tuple[ChatRequest, OpenAIOptions]:
         """An OpenAI chat-completions body -> a validated request and the response options."""
         request, opts = parse_openai_request(body, self.model_name, **self.config.limits())
         await self.check_engine_limits(request)
-        return request, opts
+        return await self._load_media(request), opts
+
+    async def _load_media(self, request: ChatRequest) -> ChatRequest:
+        if not request.has_media:
+            return request
+        return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
+
+    def media_info(self) -> dict[str, Any]:
+        """What the engine's projector takes ({} while the engine has not reported)."""
+        return (self.engine.info or {}).get("media") or {} if self.engine else {}
+
+    def media_caps(self) -> MediaCaps | None:
+        info = self.media_info()
+        return MediaCaps.from_dict(info) if info else None
 
     async def check_engine_limits(self, request: ChatRequest) -> None:
         """What only the engine knows: the guide compiles (cached), bias token ids are in the vocabulary.
@@ -458,6 +492,7 @@ class Service:
             "model": self.model_name,
             "engine": engine,
             "offload": info.get("offload"),
+            "media": info.get("media"),
         }
 
     def status(self) -> dict[str, Any]:

@@ -12,10 +12,12 @@ import re
 import reprlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from edgellm.engine.types import GuideKind, GuideSpec, SamplingParams
 from edgellm.errors import InvalidRequest
+from edgellm.media.parts import has_media, parse_content
+from edgellm.media.types import MediaInput
 
 ROLES = ("system", "user", "assistant", "tool")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,256}$")
@@ -78,7 +80,8 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    messages: list[dict[str, str]]
+    # content: a string, or (with images/audio) the parts of edgellm/media/parts.py's stored form
+    messages: list[dict[str, Any]]
     temperature: float = 0.7
     max_tokens: int = 512
     top_p: float = 1.0
@@ -96,6 +99,25 @@ class ChatRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     request_id: str | None = None
     timeout: float = 600.0
+
+    # The media of `messages`, fetched and decoded (not stored: a recovered request loads them again)
+    # as the engine takes them: messages whose parts refer to `media` by index.
+    _loaded: tuple[list[dict[str, Any]], list[MediaInput]] | None = PrivateAttr(default=None)
+
+    @property
+    def has_media(self) -> bool:
+        return any(has_media(m.get("content")) for m in self.messages)
+
+    def with_media(self, messages: list[dict[str, Any]], media: list[MediaInput]) -> ChatRequest:
+        self._loaded = (messages, media)
+        return self
+
+    def engine_messages(self) -> tuple[list[dict[str, Any]], list[MediaInput]]:
+        if self._loaded is not None:
+            return self._loaded
+        if self.has_media:
+            raise RuntimeError("the request's media were not loaded (load_content) before dispatch")
+        return self.messages, []
 
     def sampling(self, seed: int) -> SamplingParams:
         return SamplingParams(
@@ -314,7 +336,7 @@ def _merge_extras(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, **extras}
 
 
-def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict[str, str]]:
+def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict[str, Any]]:
     if value is None:
         raise InvalidRequest("messages is required", param="messages")
     if not isinstance(value, list) or not value:
@@ -336,9 +358,18 @@ def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict
                 f"messages[{i}].role must be one of {', '.join(ROLES)}; got {show(role)}", param="messages"
             )
         content = msg.get("content")
+        if isinstance(content, list):
+            parts, text_bytes, n_media = parse_content(f"messages[{i}]", content, role)
+            if n_media:
+                total += text_bytes
+                _check_prompt_bytes(total, max_prompt_bytes, i)
+                out.append({"role": role, "content": parts})
+                continue
+            content = parts[0]["text"]  # text parts only: the plain string they read as
         if not isinstance(content, str):
             raise InvalidRequest(
-                f"messages[{i}].content must be a non-empty string, got {_kind(content)}", param="messages"
+                f"messages[{i}].content must be a non-empty string or an array of content parts, got {_kind(content)}",
+                param="messages",
             )
         if has_surrogate(content):
             # It cannot be encoded to UTF-8 for the tokenizer; a client sent broken UTF-16 (e.g. half an
@@ -351,14 +382,18 @@ def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict
                 f"messages[{i}].content must be a non-empty string (it is empty after trimming)", param="messages"
             )
         total += len(content.encode("utf-8"))
-        if total > max_prompt_bytes:
-            raise InvalidRequest(
-                f"the messages' content exceeds {max_prompt_bytes} bytes (UTF-8, summed; at messages[{i}]). "
-                "Shorten the prompt.",
-                param="messages",
-            )
+        _check_prompt_bytes(total, max_prompt_bytes, i)
         out.append({"role": role, "content": content})
     return out
+
+
+def _check_prompt_bytes(total: int, max_prompt_bytes: int, i: int) -> None:
+    if total > max_prompt_bytes:
+        raise InvalidRequest(
+            f"the messages' content exceeds {max_prompt_bytes} bytes (UTF-8, summed; at messages[{i}]). "
+            "Shorten the prompt.",
+            param="messages",
+        )
 
 
 def _metadata(value: Any) -> dict[str, Any]:

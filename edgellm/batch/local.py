@@ -35,11 +35,12 @@ from typing import Any
 
 from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
 from edgellm.api.output_processor import RequestOutput
-from edgellm.api.service import ServiceConfig, engine_request, outcome_of, parse_openai_now
+from edgellm.api.service import ServiceConfig, engine_request, load_media, outcome_of, parse_openai_now
 from edgellm.api.validation import ChatRequest
 from edgellm.batch.runner import Deliver, answer_outcome, wire_body
 from edgellm.engine.types import EngineRequest
 from edgellm.errors import EdgeLLMError
+from edgellm.media.types import MediaCaps
 from edgellm.runtime.http_common import SafeJSONResponse, parse_json
 from edgellm.runtime.http_guard import body_too_large
 from edgellm.runtime.settings import Settings
@@ -61,13 +62,14 @@ class LocalTransport:
         from edgellm.runtime.app import service_config
 
         self.config: ServiceConfig = service_config(settings)
-        self.max_body_bytes = settings.max_body_bytes
+        self.max_body_bytes = settings.body_limit()
         # --model PATH: every request runs on that file, as --model NAME sends every request to that model.
         self.model_override = self.config.model_name if override_model else None
         model = settings.model()
         # The engine is fed as its slots free up: n_slots prepared requests waiting is enough to keep
         # every slot busy, and keeps the time a request waits inside the engine short.
         self.engine = OfflineEngine(model, max_waiting=model.n_slots)
+        self.media_caps = MediaCaps.from_dict(self.engine.scheduler.media_caps())
 
     def validate(self, req: dict[str, Any]) -> tuple[ChatRequest, OpenAIOptions]:
         """A batch request as the node's route validates its body; raises the EdgeLLMError it would answer."""
@@ -75,7 +77,8 @@ class LocalTransport:
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
-        return parse_openai_now(parse_json(raw), self.config, self.engine.model.n_vocab)
+        request, opts = parse_openai_now(parse_json(raw), self.config, self.engine.model.n_vocab)
+        return load_media(request, self.config, self.media_caps), opts
 
     def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
         queued: dict[str, tuple[int, Any, OpenAIOptions, EngineRequest]] = {}

@@ -206,6 +206,10 @@ class LlamaModel:
         self, messages: list[dict], *, add_generation_prompt: bool = True, template_kwargs: dict | None = None
     ) -> str:
         kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_NAMES}
+        # Content parts render as their text, each image/audio as llama.cpp's media marker.
+        messages = [
+            {**m, "content": raw_prompt_text([m])} if isinstance(m.get("content"), list) else m for m in messages
+        ]
         try:
             return self._formatter_for(add_generation_prompt)(messages=messages, **kwargs).prompt
         # TemplateError: a template that refuses a role or an order of turns; ValueError: the template's

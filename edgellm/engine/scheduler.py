@@ -384,8 +384,8 @@ class Scheduler:
         return out
 
     def media_caps(self) -> dict:
-        caps = self.projector.caps.to_dict() if self.projector is not None else MediaCaps().to_dict()
-        return {**caps, "error": self.projector_error}
+        caps = self.projector.caps if self.projector is not None else MediaCaps()
+        return {**caps.to_dict(), "error": self.projector_error}
 
     def close(self) -> None:
         # Wait for a preparation in progress: it tokenizes with the model the caller frees next.

@@ -93,6 +93,11 @@ class EngineRequest:
     # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).
     media: list[MediaInput] = field(default_factory=list)
 
+    @property
+    def media_parts(self) -> bool:
+        """Whether a message's content is a list of parts (images/audio, loaded or still to load)."""
+        return any(isinstance(m.get("content"), list) for m in self.messages)
+
 
 @dataclass
 class TokenLogprob:

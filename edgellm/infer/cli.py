@@ -33,6 +33,12 @@ def add_infer_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         help="folder LoRA adapters may be read from (repeatable; the input file's folder always is)",
     )
+    p.add_argument(
+        "--media-dir",
+        action="append",
+        default=[],
+        help="folder image/audio files may be read from (repeatable; the input file's folder always is)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -98,6 +104,8 @@ def run_infer_command(args: argparse.Namespace) -> int:
             max_seq_len=args.max_seq_len,
             warmup=args.warmup,
             lora_dirs=tuple(args.lora_dir),
+            media_dirs=(*settings.media_dirs, *args.media_dir),
+            media_limits=settings.media_limits(),
         )
     except EdgeLLMError as exc:
         return _fail(exc.message)

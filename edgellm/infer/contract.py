@@ -33,6 +33,7 @@ from pydantic_core import PydanticCustomError
 from edgellm.api.validation import MAX_LOGIT_BIAS, MAX_SEED, MAX_STOP_STRINGS, MAX_TOKEN_ID, has_surrogate
 from edgellm.engine.types import CacheCommit, EngineRequest, GuideKind, GuideSpec, SamplingParams
 from edgellm.errors import EdgeLLMError, GuideError
+from edgellm.media.parts import parse_content
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 # Containers nested deeper than this are refused (a json_schema nests a few levels in practice; the
@@ -47,8 +48,6 @@ MAX_BIAS = 100.0
 MAX_TOP_K = MAX_TOKEN_ID
 GUIDE_MODES = ("json_object", "json_schema", "regex", "ebnf", "structural_tag", "choice")  # the seed's order
 MIXED_LORA_ERROR = "Different LoRA weights within the same batch are not supported"
-IMAGE_ERROR = "image input needs a model with a multimodal projector; multimodal input is not supported yet"
-AUDIO_ERROR = "audio input needs a model with an audio encoder; multimodal input is not supported yet"
 VIDEO_ERROR = "video content is not supported by edgellm infer"
 UNKNOWN_FIELD = "unknown field (not in the TensorRT-Edge-LLM input format)"
 # Defaults of the current format (seed 000).
@@ -790,11 +789,15 @@ def _item(
             messages.append({"role": msg.role, "content": msg.content})
             continue
         for c, item in enumerate(msg.content):
-            problem = {"image": IMAGE_ERROR, "audio": AUDIO_ERROR, "video": VIDEO_ERROR}.get(item.type)
-            if problem and error is None:
-                error = f"requests[{idx}].messages[{m}].content[{c}]: {problem}"
-        # The engine's prompt path takes string content: text items joined with "\n", as vLLM does
-        # for a text-only model given a content array.
+            if item.type == "video" and error is None:
+                error = f"requests[{idx}].messages[{m}].content[{c}]: {VIDEO_ERROR}"
+        if any(item.type in ("image", "audio") for item in msg.content):
+            # Media parts in the node's stored form (media/parts.py): the runner loads the files, relative
+            # to the input file, and the engine's projector takes them (or the request fails alone).
+            parts, _, _ = parse_content(f"requests[{idx}].messages[{m}]", [i.model_dump() for i in msg.content], "user")
+            messages.append({"role": msg.role, "content": parts})
+            continue
+        # Text items only: joined with "\n", as vLLM does for a text-only model given a content array.
         text = "\n".join(item.text for item in msg.content if isinstance(item, TextItem))
         messages.append({"role": msg.role, "content": text})
     if req.guided_decoding is not None:  # a request's guide replaces the top-level one

@@ -23,6 +23,9 @@ from edgellm.engine.model import raw_prompt_text
 from edgellm.engine.types import CacheCommit, EngineRequest, FinishReason, SamplingParams, StopCause
 from edgellm.errors import EdgeLLMError
 from edgellm.infer.contract import InferBatch, InferItem, InferJob
+from edgellm.media.limits import MediaLimits, MediaSources
+from edgellm.media.loading import load_content
+from edgellm.media.types import MediaCaps
 from edgellm.offline import OfflineEngine, RunStats
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,8 @@ class InferOptions:
     warmup: int = 0  # untimed runs of the first request before the file
     lora_dirs: tuple[str, ...] = ()  # adapters must live under one of these (besides the input file's folder)
     lora_cache_dir: str = field(default_factory=lambda: _default_cache_dir())
+    media_dirs: tuple[str, ...] = ()  # image/audio files may also live here (besides the input file's folder)
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
 
 
 def _default_cache_dir() -> str:
@@ -105,11 +110,12 @@ class _Runner:
         self.batch_profiles: list[dict[str, Any]] = []
         self._adapters: dict[str, str] = {}  # lora name -> GGUF path (converted once)
         self._base_dir = Path(job.input_file).resolve().parent
+        self._media_caps = MediaCaps.from_dict(engine.scheduler.media_caps())
 
     # -- warm-up ---------------------------------------------------------------------------------
     def warm_up(self, runs: int) -> float:
         """Untimed runs of the first runnable request (short), so the profile measures a warm engine."""
-        first = next((item for item in self.job.items if item.error is None), None)
+        first = next((item for item in self.job.items if item.error is None and not item.request.media_parts), None)
         if runs <= 0 or first is None:
             return 0.0
         t0 = time.perf_counter()
@@ -145,8 +151,11 @@ class _Runner:
         for item in items:
             if error is not None or item.error is not None:
                 self.respond_failed(item, error or item.error or "")
-            else:
+                continue
+            try:
                 runnable.append((item, self._engine_request(item, batch, lora_path)))
+            except EdgeLLMError as exc:  # its image/audio: unreadable, outside the media folders, too large...
+                self.respond_failed(item, f"requests[{item.request_idx}]: {exc.message}")
         if not runnable:
             self.batch_profiles.append({"batch_idx": batch.batch_idx, "requests": len(items), "error": error})
             return
@@ -186,7 +195,13 @@ class _Runner:
                 n_vocab,
             )
             sampling = replace(sampling, logit_bias={t: b for t, b in sampling.logit_bias.items() if t < n_vocab})
-        return replace(item.request, sampling=sampling, lora_path=lora_path)
+        messages, media = item.request.messages, []
+        if item.request.media_parts:
+            sources = MediaSources(media_dirs=(str(self._base_dir), *self.options.media_dirs))
+            messages, media = load_content(
+                messages, self._media_caps, sources, self.options.media_limits, base_dir=str(self._base_dir)
+            )
+        return replace(item.request, sampling=sampling, lora_path=lora_path, messages=messages, media=media)
 
     # -- responses -------------------------------------------------------------------------------
     def _formatted(self, item: InferItem) -> str:

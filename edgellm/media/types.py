@@ -69,6 +69,7 @@ class MediaCaps:
     audio_sample_rate: int = 0  # Hz the audio encoder wants; decoding resamples to it
     image_size: int = 0  # a fixed-size projector's input side (0: unknown or dynamic resolution)
     projector_type: str = ""
+    error: str | None = None  # why a configured projector is not in use
 
     def to_dict(self) -> dict:
         return {
@@ -77,6 +78,7 @@ class MediaCaps:
             "audio_sample_rate": self.audio_sample_rate,
             "image_size": self.image_size,
             "projector_type": self.projector_type,
+            "error": self.error,
         }
 
     @classmethod
@@ -88,4 +90,5 @@ class MediaCaps:
             int(d.get("audio_sample_rate") or 0),
             int(d.get("image_size") or 0),
             str(d.get("projector_type") or ""),
+            d.get("error") or None,
         )

@@ -61,6 +61,8 @@ def service_config(settings: Settings) -> ServiceConfig:
         temperature_max=settings.temperature_max,
         min_completion_tokens=settings.min_completion_tokens,
         max_completion_tokens=settings.max_completion_tokens,
+        media_sources=settings.media_sources(),
+        media_limits=settings.media_limits(),
     )
 
 
@@ -173,7 +175,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
 
     async def read_body(request: Request) -> Any:
         # A header token is checked before the body is read: without a valid one, nothing is read.
-        body, _ = await read_authenticated_body(service, request, settings.max_body_bytes)
+        body, _ = await read_authenticated_body(service, request, settings.body_limit())
         return body
 
     def authenticate(request: Request, body: Any = None) -> str | None:
@@ -241,7 +243,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
             return Response(prometheus_text(service), media_type="text/plain; version=0.0.4")
         return respond(service.metrics())
 
-    add_openai_routes(app, service, settings.max_body_bytes)
+    add_openai_routes(app, service, settings.body_limit())
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -266,7 +268,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
     app.add_middleware(
         HttpGuard,
         config=GuardConfig(
-            max_body_bytes=settings.max_body_bytes,
+            max_body_bytes=settings.body_limit(),
             body_timeout_s=settings.body_timeout_s,
             loopback_only=settings.is_loopback(),
             allowed_hosts=tuple(settings.allowed_hosts),

@@ -16,6 +16,7 @@ SERVE_FLAGS: list[tuple[str, type, str]] = [
     ("port", int, "port (default 8765)"),
     ("model-path", str, "GGUF file (default: the bundled SmolLM2-135M)"),
     ("model-name", str, "model id reported to clients"),
+    ("mmproj-path", str, "multimodal projector GGUF for the model (images/audio in content arrays)"),
     ("n-ctx", int, "total context (KV cells), split across slots"),
     ("n-slots", int, "requests generated together"),
     ("n-threads", int, "CPU threads for llama.cpp (0 = all free cores)"),

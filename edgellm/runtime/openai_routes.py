@@ -42,7 +42,7 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
             authenticate(service, request)
         except EdgeLLMError as exc:
             return _error(exc)
-        return models_body(service.model_name, service.started_at)
+        return models_body(service.model_name, service.started_at, service.media_info())
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -28,6 +28,7 @@ from pydantic_settings import (
 from edgellm.api.envelope import ResponseMode
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError
+from edgellm.media.limits import MediaLimits, MediaSources
 
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -63,6 +64,16 @@ class Settings(BaseSettings):
     port: int = Field(8765, ge=0, le=65535)
     model_path: str | None = None  # None = the bundled SmolLM2-135M GGUF
     model_name: str | None = None  # id reported to clients; default: the GGUF file name
+    # A multimodal projector GGUF made for model_path (SmolVLM, Qwen2.5-VL, Gemma 3, Ultravox...):
+    # images and/or audio in content arrays. Without it the node takes text only.
+    mmproj_path: str | None = None
+    media_dirs: list[str] = Field(default_factory=list, description="folders image/audio file paths may name")
+    allow_remote_media: bool = False  # fetch http(s) image URLs (the node then requests what a client names)
+    remote_media_timeout_s: float = Field(10.0, gt=0, le=300)
+    max_media_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="one image/audio file, before base64")
+    max_image_pixels: int = Field(16_777_216, ge=1, description="width x height of one image")
+    max_audio_seconds: float = Field(600.0, gt=0)
+    max_media_items: int = Field(8, ge=1, le=256, description="images and audio clips in one request")
     n_ctx: int = Field(8192, ge=256, description="total KV cells, split evenly across slots")
     n_slots: int = Field(8, ge=1, le=64)
     n_batch: int = Field(512, ge=32)
@@ -166,6 +177,34 @@ class Settings(BaseSettings):
             n_gpu_layers=-1 if self.n_gpu_layers == "auto" else int(self.n_gpu_layers),
             flash_attn=self.flash_attn,
             kv_cache_type=self.kv_cache_type,
+            mmproj_path=self.resolved_mmproj_path(),
+        )
+
+    def resolved_mmproj_path(self) -> str | None:
+        if self.mmproj_path and not os.path.isfile(self.mmproj_path):
+            raise SettingsError(f"mmproj file not found: {self.mmproj_path}")
+        return self.mmproj_path or None
+
+    def body_limit(self) -> int:
+        """max_body_bytes, raised with a projector so that one image/audio file of max_media_bytes fits as
+        base64 in a data: URL (4/3 of the bytes) next to max_prompt_bytes of text."""
+        if not self.mmproj_path:
+            return self.max_body_bytes
+        return max(self.max_body_bytes, -(-self.max_media_bytes * 4 // 3) + self.max_prompt_bytes + 65_536)
+
+    def media_limits(self) -> MediaLimits:
+        return MediaLimits(
+            max_bytes=self.max_media_bytes,
+            max_image_pixels=self.max_image_pixels,
+            max_audio_seconds=self.max_audio_seconds,
+            max_items=self.max_media_items,
+        )
+
+    def media_sources(self) -> MediaSources:
+        return MediaSources(
+            media_dirs=tuple(self.media_dirs),
+            allow_remote=self.allow_remote_media,
+            remote_timeout_s=self.remote_media_timeout_s,
         )
 
     def served_model_name(self) -> str:

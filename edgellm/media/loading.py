@@ -1,0 +1,73 @@
+"""Loading a request's media: stored content parts (media/parts.py) -> what the engine takes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgellm.media.decode import decode_audio, decode_image
+from edgellm.media.errors import MediaError
+from edgellm.media.limits import MediaLimits, MediaSources
+from edgellm.media.parts import has_media
+from edgellm.media.sources import load_bytes
+from edgellm.media.types import MediaCaps, MediaInput
+
+DEFAULT_AUDIO_RATE = 16000
+
+
+def load_content(
+    messages: list[dict[str, Any]],
+    caps: MediaCaps | None,
+    sources: MediaSources,
+    limits: MediaLimits,
+    *,
+    base_dir: str | None = None,
+) -> tuple[list[dict[str, Any]], list[MediaInput]]:
+    """Stored messages -> (engine messages, decoded media). `caps` is the engine's projector (None while
+    it is unknown: then media can only fail later, in the engine). Raises MediaError / InvalidRequest."""
+    out: list[dict[str, Any]] = []
+    items: list[MediaInput] = []
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        if not has_media(content):
+            out.append(msg)
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            if part["type"] == "text":
+                parts.append(part)
+                continue
+            param = f"messages[{i}].content[{j}]"
+            items.append(_load_part(part, caps, sources, limits, base_dir, param))
+            parts.append({"type": "media", "index": len(items) - 1})
+        out.append({**msg, "content": parts})
+    if len(items) > limits.max_items:
+        raise MediaError(f"the request carries {len(items)} images/audio clips; the limit is {limits.max_items}")
+    return out, items
+
+
+def _load_part(
+    part: dict[str, Any],
+    caps: MediaCaps | None,
+    sources: MediaSources,
+    limits: MediaLimits,
+    base_dir: str | None,
+    param: str,
+) -> MediaInput:
+    kind = part["type"]
+    if caps is not None and not (caps.vision if kind == "image" else caps.audio):
+        raise MediaError(
+            f"{param}: this model takes no {'images' if kind == 'image' else 'audio'}: the node has no "
+            f"{'vision' if kind == 'image' else 'audio'} projector (setting mmproj_path)"
+            + (f"; {caps.error}" if caps.error else ""),
+            param=param,
+        )
+    data = load_bytes(part["source"], sources, limits, param=param, base_dir=base_dir)
+    if kind == "image":
+        expect = None
+        if not part.get("do_resize", True) and caps is not None and caps.image_size:
+            expect = (caps.image_size, caps.image_size)
+        return decode_image(data, limits, expect_size=expect, param=param)
+    # Before the engine reports (a request recovered at start), whisper-family projectors' 16 kHz: the
+    # engine refuses another rate with a clear error, it never guesses.
+    rate = caps.audio_sample_rate if caps is not None and caps.audio_sample_rate else DEFAULT_AUDIO_RATE
+    return decode_audio(data, limits, sample_rate=rate, param=param)
