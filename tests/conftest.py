@@ -30,6 +30,8 @@ SLOW_FILES = (
     "tests/engine/",
     "tests/batch/",
     "tests/infer/test_infer_run.py",
+    "tests/infer/test_infer_multimodal.py",
+    "test_multimodal_http.py",
     "tests/ratio1/",
     "test_http_api.py",
     "test_modes_and_auth.py",

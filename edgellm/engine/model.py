@@ -86,7 +86,8 @@ def content_parts(content: Any) -> list[str | int]:
     Content is a string, or a list of {"type": "text", "text": str} and {"type": "media", "index": int}.
     """
     if isinstance(content, list):
-        return [p["text"] if p.get("type") == "text" else int(p["index"]) for p in content]
+        # A part without an index (stored, not yet loaded) only shows as the marker (raw_prompt_text).
+        return [p["text"] if p.get("type") == "text" else int(p.get("index", -1)) for p in content]
     return [str(content or "")]
 
 

@@ -32,7 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from edgellm.api.validation import MAX_LOGIT_BIAS, MAX_SEED, MAX_STOP_STRINGS, MAX_TOKEN_ID, has_surrogate
 from edgellm.engine.types import CacheCommit, EngineRequest, GuideKind, GuideSpec, SamplingParams
-from edgellm.errors import EdgeLLMError, GuideError
+from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest
 from edgellm.media.parts import parse_content
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -794,7 +794,13 @@ def _item(
         if any(item.type in ("image", "audio") for item in msg.content):
             # Media parts in the node's stored form (media/parts.py): the runner loads the files, relative
             # to the input file, and the engine's projector takes them (or the request fails alone).
-            parts, _, _ = parse_content(f"requests[{idx}].messages[{m}]", [i.model_dump() for i in msg.content], "user")
+            try:
+                parts, _, _ = parse_content(
+                    f"requests[{idx}].messages[{m}]", [i.model_dump() for i in msg.content], msg.role
+                )
+            except InvalidRequest as exc:  # e.g. an image in a system message: this request's problem
+                error = error or exc.message
+                parts = []
             messages.append({"role": msg.role, "content": parts})
             continue
         # Text items only: joined with "\n", as vLLM does for a text-only model given a content array.

@@ -155,7 +155,8 @@ class _Runner:
             try:
                 runnable.append((item, self._engine_request(item, batch, lora_path)))
             except EdgeLLMError as exc:  # its image/audio: unreadable, outside the media folders, too large...
-                self.respond_failed(item, f"requests[{item.request_idx}]: {exc.message}")
+                sep = "." if exc.message.startswith("messages[") else ": "
+                self.respond_failed(item, f"requests[{item.request_idx}]{sep}{exc.message}")
         if not runnable:
             self.batch_profiles.append({"batch_idx": batch.batch_idx, "requests": len(items), "error": error})
             return

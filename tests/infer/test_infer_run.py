@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cv2
 import jsonschema
+import numpy as np
 import pytest
 
 from edgellm.infer.contract import load_job, parse_job
@@ -70,13 +72,16 @@ def test_every_seed_example_runs(name, options, tmp_path):
         assert "error" not in response
 
 
-def test_multimodal_examples_fail_alone_with_a_clear_error(options, tmp_path):
+def test_multimodal_examples_without_a_projector_fail_alone_with_a_clear_error(options, tmp_path):
     for name in ("000_multimodal.json", "001_multimodal.json"):
         data = json.loads((FIXTURES / name).read_text())
         data["requests"].append({"messages": user("Say hi.")})
+        image = tmp_path / "tests/fixtures/trt/media/image.jpg"  # the example's path, relative to the file
+        image.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(image), np.full((40, 60, 3), 128, np.uint8))
         result = run(data, options, tmp_path, max_generate_length=4)
         first, second = result.document["responses"]
-        assert first["finish_reason"] == "error" and "multimodal" in first["error"]
+        assert first["finish_reason"] == "error" and "no images" in first["error"] and "mmproj_path" in first["error"]
         assert second["finish_reason"] != "error" and result.failed == 1
 
 
