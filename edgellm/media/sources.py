@@ -2,8 +2,8 @@
 (when the operator allows it) an http(s) URL.
 
 Every reference is client input: whatever the string holds, only MediaError (400) or MediaTooLarge (413)
-come out of here, and no file outside `media_dirs` is opened, or even looked at (a missing file there and
-an existing one get the same answer, so the error is no probe of the disk).
+come out of here, and no file outside `media_dirs` is opened (a missing file outside and an existing one
+get the same answer, so the error is no probe of the disk).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def decode_base64(text: str, limits: MediaLimits, *, param: str | None = None) -
     """Strict base64 (standard alphabet, padded; whitespace ignored), refused by length before decoding."""
     if not isinstance(text, str):
         raise MediaError(f"base64 data must be a string, got {type(text).__name__}", param=param)
-    cap = 4 * math.ceil(limits.max_bytes / 3)  # the longest encoding of max_bytes
+    cap = 4 * math.ceil(limits.max_bytes / 3)  # the encoded length of max_bytes
     if len(text) > 2 * cap + 1024:  # too long even with generous line breaks: skip copying it
         raise _too_large(limits, param)
     text = "".join(text.split())
