@@ -102,6 +102,22 @@ def _finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
+def _encoder_header(
+    w, modality: str, projector: str, hidden: int, ffn: int, layers: int, heads: int, n_embd_text: int, eps: float
+) -> None:
+    """The keys every clip encoder reads: which modality, the projector type and the transformer's sizes."""
+    w.add_bool(KEY_HAS_VISION, modality == "vision")
+    w.add_bool(KEY_HAS_AUDIO, modality == "audio")
+    w.add_string(KEY_PROJ_TYPE, projector)
+    keys = _hparam_keys(modality)
+    w.add_uint32(keys["n_embd"], hidden)
+    w.add_uint32(keys["n_ff"], ffn)
+    w.add_uint32(keys["n_layer"], layers)
+    w.add_uint32(keys["proj_dim"], n_embd_text)
+    w.add_uint32(keys["n_head"], heads)
+    w.add_float32(keys["eps"], eps)
+
+
 def build_vision_mmproj(
     path: str | Path,
     *,
@@ -134,16 +150,7 @@ def build_vision_mmproj(
     n_patches = (image_size // patch_size) ** 2
 
     w = _writer(path, "edgellm-test-vision-mlp")
-    w.add_bool(KEY_HAS_VISION, True)
-    w.add_bool(KEY_HAS_AUDIO, False)
-    w.add_string(KEY_PROJ_TYPE, "mlp")
-    keys = _hparam_keys("vision")
-    w.add_uint32(keys["n_embd"], hidden)
-    w.add_uint32(keys["n_ff"], ffn)
-    w.add_uint32(keys["n_layer"], layers)
-    w.add_uint32(keys["proj_dim"], n_embd_text)
-    w.add_uint32(keys["n_head"], heads)
-    w.add_float32(keys["eps"], 1e-6)
+    _encoder_header(w, "vision", "mlp", hidden, ffn, layers, heads, n_embd_text, 1e-6)
     w.add_uint32("clip.vision.image_size", image_size)
     w.add_uint32("clip.vision.patch_size", patch_size)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
@@ -198,16 +205,7 @@ def build_audio_mmproj(
     path = Path(path)
 
     w = _writer(path, "edgellm-test-audio-ultravox")
-    w.add_bool(KEY_HAS_VISION, False)
-    w.add_bool(KEY_HAS_AUDIO, True)
-    w.add_string(KEY_PROJ_TYPE, "ultravox")
-    keys = _hparam_keys("audio")
-    w.add_uint32(keys["n_embd"], hidden)
-    w.add_uint32(keys["n_ff"], ffn)
-    w.add_uint32(keys["n_layer"], layers)
-    w.add_uint32(keys["proj_dim"], n_embd_text)
-    w.add_uint32(keys["n_head"], heads)
-    w.add_float32(keys["eps"], 1e-5)
+    _encoder_header(w, "audio", "ultravox", hidden, ffn, layers, heads, n_embd_text, 1e-5)
     w.add_uint32("clip.audio.num_mel_bins", n_mel)
     w.add_uint32("clip.audio.projector.stack_factor", stack_factor)
 

@@ -33,6 +33,9 @@ from edgellm.api.service import Outcome
 from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest
+from edgellm.media.limits import MediaLimits, MediaSources
+from edgellm.media.loading import load_content
+from edgellm.media.types import MediaCaps
 
 if TYPE_CHECKING:
     from edgellm.engine.scheduler import Scheduler
@@ -246,6 +249,9 @@ def _jobs(
             if rid in seen:
                 raise InvalidRequest(f"REQUEST_ID {rid!r} appears twice in one batch", param="request_id")
             _check_vocab(request, n_vocab)
+            if request.has_media:  # data: URLs only here (a Ratio1 payload names no local folders)
+                caps = MediaCaps.from_dict(scheduler.media_caps()) if hasattr(scheduler, "media_caps") else None
+                request.with_media(*load_content(request.messages, caps, MediaSources(), MediaLimits()))
         except EdgeLLMError as exc:
             answers[i] = failure_answer(rid, model_name, exc)
             continue
@@ -257,9 +263,11 @@ def _jobs(
 
 def _engine_request(engine_id: str, request: ChatRequest) -> EngineRequest:
     seed = request.seed if request.seed is not None else secrets.randbits(64)
+    messages, media = request.engine_messages()
     return EngineRequest(
         request_id=engine_id,
-        messages=request.messages,
+        messages=messages,
+        media=media,
         sampling=request.sampling(seed),
         guide=request.guide,
         deadline=time.time() + request.timeout,

@@ -22,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 import llama_cpp as L
@@ -167,14 +168,18 @@ class Projector:
             M.mtmd_bitmap_free(bitmap)
 
     # -- the step loop -------------------------------------------------------------------------
-    def decode_into(self, lctx: ctypes.c_void_p, span: MediaSpan, seq_id: int, n_past: int, n_batch: int) -> int:
+    def decode_into(
+        self, lctx: ctypes.c_void_p, span: MediaSpan, seq_id: int, n_past: int, n_batch: int
+    ) -> tuple[int, float]:
         """Encode one media chunk and decode its embeddings into `seq_id` from position n_past.
 
-        Returns the next position. mtmd's helper places the rows (M-RoPE positions, non-causal
-        attention around the decode, n_batch splits). Raises EngineError on failure.
+        Returns the next position and the encode time (s). mtmd's helper places the rows (M-RoPE
+        positions, non-causal attention around the decode, n_batch splits). Raises EngineError.
         """
+        t0 = time.perf_counter()
         if M.mtmd_encode_chunk(self.ctx, span.chunk.ptr) != 0:
             raise EngineError(f"the projector failed to encode the {span.kind}")
+        encode_s = time.perf_counter() - t0
         embd = M.mtmd_get_output_embd(self.ctx)
         new_pos = L.llama_pos(0)
         rc = M.mtmd_helper_decode_image_chunk(
@@ -182,7 +187,7 @@ class Projector:
         )
         if rc != 0:
             raise EngineError(f"decoding the {span.kind}'s embeddings failed (llama_decode {rc})")
-        return int(new_pos.value)
+        return int(new_pos.value), encode_s
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

@@ -199,9 +199,10 @@ class Scheduler:
         slot, span = plan.media
         t0 = time.perf_counter()
         try:
-            slot.media_next_pos = self.projector.decode_into(
+            slot.media_next_pos, encode_s = self.projector.decode_into(
                 self.model.ctx, span, slot.seq_id, slot.n_past, self.model.n_batch
             )
+            self.stats.media_encode_s += encode_s
         except EngineError as exc:
             return {slot.seq_id: exc.message}
         except Exception as exc:  # a fault with one request's media ends that request, never the worker

@@ -17,6 +17,7 @@ class StepStats:
     generated_tokens: int = 0
     media_chunks: int = 0  # images / audio windows encoded and decoded into a sequence
     media_s: float = 0.0  # their encode + decode time
+    media_encode_s: float = 0.0  # of media_s: the projector's encoder alone
     finished: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -28,6 +29,7 @@ class StepStats:
             "generated_tokens": self.generated_tokens,
             "media_chunks": self.media_chunks,
             "media_ms_per_chunk": 1000 * self.media_s / max(1, self.media_chunks),
+            "media_encode_ms_per_chunk": 1000 * self.media_encode_s / max(1, self.media_chunks),
             "decode_ms_per_step": 1000 * self.decode_s / per,
             "guide_ms_per_step": 1000 * self.guide_s / per,
             "sample_ms_per_step": 1000 * self.sample_s / per,

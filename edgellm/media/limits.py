@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MediaLimits:
-    max_bytes: int = 20 * 1024 * 1024  # one encoded file (before base64)
+    max_bytes: int = 10 * 1024 * 1024  # one encoded file (before base64)
     max_image_pixels: int = 16_777_216  # width * height, checked from the header before decoding
     max_audio_seconds: float = 600.0
     max_items: int = 8  # media parts in one request

@@ -24,6 +24,9 @@ def load_content(
 ) -> tuple[list[dict[str, Any]], list[MediaInput]]:
     """Stored messages -> (engine messages, decoded media). `caps` is the engine's projector (None while
     it is unknown: then media can only fail later, in the engine). Raises MediaError / InvalidRequest."""
+    n_media = sum(1 for m in messages if has_media(m.get("content")) for p in m["content"] if p["type"] != "text")
+    if n_media > limits.max_items:  # before fetching or decoding any of them
+        raise MediaError(f"the request carries {n_media} images/audio clips; the limit is {limits.max_items}")
     out: list[dict[str, Any]] = []
     items: list[MediaInput] = []
     for i, msg in enumerate(messages):
@@ -40,8 +43,6 @@ def load_content(
             items.append(_load_part(part, caps, sources, limits, base_dir, param))
             parts.append({"type": "media", "index": len(items) - 1})
         out.append({**msg, "content": parts})
-    if len(items) > limits.max_items:
-        raise MediaError(f"the request carries {len(items)} images/audio clips; the limit is {limits.max_items}")
     return out, items
 
 

@@ -194,3 +194,15 @@ def test_client_gone_before_a_non_streamed_answer_cancels_it(node, model_id):
         assert failed == failed_before + 1  # 900 tokens take ~6 s: only a cancellation ends it this soon
         busy = c.get("/status").json()["result"]["in_flight"]
         assert busy == 0
+
+
+def test_an_image_to_a_text_only_model_is_a_clear_400(client, model_id):
+    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    content = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pixel}"}},
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": content}], max_tokens=4)
+    assert "no images" in str(info.value) and "mmproj_path" in str(info.value)
+    assert client.models.list().data[0].input_modalities == ["text"]
