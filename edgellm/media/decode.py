@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Literal
 
 import cv2
-import miniaudio
 import numpy as np
 
 from edgellm.media.errors import MediaError, MediaTooLarge
@@ -271,12 +270,16 @@ def _audio_format(data: bytes) -> str | None:
     return None
 
 
-_AUDIO_INFO: dict[str, Callable[[bytes], miniaudio.SoundFileInfo]] = {
-    "wav": miniaudio.wav_get_info,
-    "flac": miniaudio.flac_get_info,
-    "ogg": miniaudio.vorbis_get_info,
-    "mp3": miniaudio.mp3_get_info,  # counts frames without decoding them (2 ms for 10 minutes)
-}
+# miniaudio's header readers per format; mp3_get_info counts frames without decoding them (2 ms for 10 minutes)
+_AUDIO_INFO = {"wav": "wav_get_info", "flac": "flac_get_info", "ogg": "vorbis_get_info", "mp3": "mp3_get_info"}
+
+
+def _miniaudio():
+    """miniaudio, imported when audio first arrives: the Ratio1 node's venv (requirements/ratio1.lock.txt)
+    runs the serving plugin, which imports this module, without it."""
+    import miniaudio
+
+    return miniaudio
 
 
 def _declared_seconds(data: bytes) -> float | None:
@@ -284,8 +287,9 @@ def _declared_seconds(data: bytes) -> float | None:
     fmt = _audio_format(data)
     if fmt is None:
         return None
+    miniaudio = _miniaudio()
     try:
-        info = _AUDIO_INFO[fmt](data)
+        info = getattr(miniaudio, _AUDIO_INFO[fmt])(data)
     except miniaudio.MiniaudioError:
         return None  # the decoder gives the verdict, with the clear message
     return info.num_frames / info.sample_rate if info.sample_rate else None
@@ -293,6 +297,7 @@ def _declared_seconds(data: bytes) -> float | None:
 
 def _decode_pcm(data: bytes, limits: MediaLimits, sample_rate: int, param: str | None) -> np.ndarray:
     max_frames = int((limits.max_audio_seconds + _DURATION_SLACK_S) * sample_rate)
+    miniaudio = _miniaudio()
     try:
         stream = miniaudio.stream_memory(
             data,

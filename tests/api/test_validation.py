@@ -41,7 +41,10 @@ def test_body_must_be_an_object():
         ([{"role": "robot", "content": "x"}], "messages[0].role must be one of system, user, assistant, tool"),
         ([{"role": "user", "content": ""}], "messages[0].content must be a non-empty string"),
         ([{"role": "user", "content": "   \n"}], "empty after trimming"),
-        ([{"role": "user", "content": 5}], "messages[0].content must be a non-empty string or an array of content parts, got number"),
+        (
+            [{"role": "user", "content": 5}],
+            "messages[0].content must be a non-empty string or an array of content parts, got number",
+        ),
         ([{"role": "user"}], "messages[0].content must be a non-empty string or an array of content parts, got null"),
     ],
 )

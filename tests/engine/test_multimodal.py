@@ -77,7 +77,9 @@ def sound(kind: str, seconds: float = 1.0, rate: int = 16000) -> AudioInput:
 def ask(rid: str, media: list, text: str = "Describe this.", **kw) -> EngineRequest:
     parts = [{"type": "media", "index": i} for i in range(len(media))] + [{"type": "text", "text": text}]
     sampling = SamplingParams(temperature=0.0, max_tokens=kw.pop("max_tokens", 12))
-    return EngineRequest(rid, [{"role": "user", "content": parts}], sampling, media=media, **{"cache_lookup": False, **kw})
+    return EngineRequest(
+        rid, [{"role": "user", "content": parts}], sampling, media=media, **{"cache_lookup": False, **kw}
+    )
 
 
 def test_images_steer_the_output_and_the_same_image_gives_the_same_text(vision):
