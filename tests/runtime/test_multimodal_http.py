@@ -10,6 +10,7 @@ import concurrent.futures
 import io
 import json
 import shutil
+import signal
 import subprocess
 import time
 import wave
@@ -273,3 +274,38 @@ class TestAudio:
         status, body = self.ask(node, out.read_bytes(), fmt)
         assert status == 200, body
         assert body["usage"]["prompt_tokens"] > 150
+
+
+def test_pending_async_image_requests_finish_after_a_kill_9_restart(tmp_path_factory, media_dir):
+    """The registry keeps each part's source, so a recovered request loads its image again."""
+    mmproj = tmp_path_factory.mktemp("proj") / "vision.gguf"
+    build_vision_mmproj(mmproj, n_embd_text=N_EMBD)
+    node = node_with(tmp_path_factory, mmproj, media_dir)
+    long = {"logit_bias": {"0": -100, "2": -100}, "temperature": 0, "max_tokens": 300}  # no end token: runs 300
+    with node.client() as c:
+        ids = [
+            c.post("/predict_async", json={"messages": image_message(data_url(png(40 + i))), **long}).json()["result"][
+                "request_id"
+            ]
+            for i in range(3)
+        ]
+        text_only = c.post(
+            "/predict", json={"messages": [{"role": "user", "content": "What is in this picture?"}], "max_tokens": 16}
+        )
+        base_tokens = text_only.json()["result"]["FULL_OUTPUT"][0]["usage"]["prompt_tokens"]
+    node.stop(signal.SIGKILL)
+    again = NodeProcess(node.state_dir, *node.args).start()
+    try:
+        with again.client() as c:
+            for rid in ids:
+                deadline = time.monotonic() + 180
+                while True:
+                    done = c.get("/request_status", params={"request_id": rid, "return_full": "true"}).json()["result"]
+                    if done["status"] != "pending" or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.3)
+                assert done["status"] == "completed" and done["attempts"] == 2, done
+                usage = done["result"]["FULL_OUTPUT"][0]["usage"]
+                assert usage["completion_tokens"] == 300 and usage["prompt_tokens"] == base_tokens + IMAGE_TOKENS
+    finally:
+        again.stop()
