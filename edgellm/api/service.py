@@ -251,6 +251,9 @@ class Service:
     async def _load_media(self, request: ChatRequest) -> ChatRequest:
         if not request.has_media:
             return request
+        if self.in_flight() >= self.config.max_queued:  # refuse before decoding: pixels are memory
+            self.instruments.count("rejected")
+            raise QueueFull(f"too many requests in flight ({self.config.max_queued}); retry shortly", retry_after_s=2)
         return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
 
     def media_info(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ _NO_CALLBACK = M.mtmd_helper_post_decode_callback(0)  # a NULL function pointer 
 _MEDIA_TYPES = {M.MTMD_INPUT_CHUNK_TYPE_IMAGE: "image", M.MTMD_INPUT_CHUNK_TYPE_AUDIO: "audio"}
 # Projectors that resize every image to one square input (mtmd's fixed-size preprocessors): for them
 # `do_resize: false` can check the size exactly. Dynamic-resolution ones (qwen2vl, idefics3 tiling...) cannot.
-FIXED_SIZE_PROJECTORS = frozenset({"mlp", "ldp", "ldpv2", "gemma3", "pixtral"})
+FIXED_SIZE_PROJECTORS = frozenset({"mlp", "ldp", "ldpv2", "gemma3"})
 
 
 class OwnedChunk:
@@ -70,9 +70,13 @@ class MediaSpan:
 
 
 def standins(content_key: str, n: int) -> list[int]:
-    """n negative ids, a function of the chunk's content key: equal media give equal stand-ins."""
-    h = int.from_bytes(hashlib.sha256(content_key.encode()).digest()[:4], "little") & 0x3FFFFFFF
-    return [-1 - ((h + j) & 0x3FFFFFFF) for j in range(n)]
+    """n negative ids, a function of the chunk's content key: equal media give equal stand-ins.
+
+    They never reach llama.cpp (only text runs are decoded as tokens), so they can be wide: 128 bits of
+    the digest, so that no one can craft an image whose stand-ins match another's and have a later
+    request reuse the KV of the wrong picture."""
+    h = int.from_bytes(hashlib.sha256(content_key.encode()).digest()[:16], "little")
+    return [-1 - (h << 20) - j for j in range(n)]
 
 
 def route_logs() -> None:
@@ -286,9 +290,10 @@ class MediaCollector:
     """The media hook of one prompt's preparation: turns each media part into its chunks, gives the
     tokenizer their stand-ins, and afterwards finds where each chunk landed in the final prompt."""
 
-    def __init__(self, projector: Projector, items: list[MediaInput]):
+    def __init__(self, projector: Projector, items: list[MediaInput], n_batch: int):
         self.projector = projector
         self.items = items
+        self.n_batch = n_batch
         self._chunks: list[tuple[str, OwnedChunk, int, int]] = []
 
     def __call__(self, index: int) -> list[int]:
@@ -300,6 +305,12 @@ class MediaCollector:
             if kind == "text":
                 entries += obj
             else:
+                if n_tokens > self.n_batch and M.mtmd_decode_use_non_causal(self.projector.ctx, obj.ptr):
+                    # Non-causal attention over the image only holds within one batch: split, it is wrong.
+                    raise InvalidRequest(
+                        f"the {kind} becomes {n_tokens} embeddings but this projector needs them in one batch and "
+                        f"n_batch is {self.n_batch}: raise n_batch (setting) or send a smaller {kind}"
+                    )
                 self._chunks.append((kind, obj, n_tokens, n_pos))
                 entries += standins(f"{item.content_id}:{j}", n_tokens)
         return entries

@@ -79,7 +79,9 @@ class Scheduler:
         if request.media and self.projector is None:
             why = f" ({self.projector_error})" if self.projector_error else " (setting mmproj_path)"
             raise InvalidRequest(f"this model takes text only: images and audio need a multimodal projector{why}")
-        collector = MediaCollector(self.projector, request.media) if self.projector is not None else None
+        collector = (
+            MediaCollector(self.projector, request.media, self.model.n_batch) if self.projector is not None else None
+        )
         try:
             if request.apply_chat_template:
                 prompt = self.model.chat_tokens(

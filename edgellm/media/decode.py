@@ -54,9 +54,13 @@ def decode_image(
     limits: MediaLimits,
     *,
     expect_size: tuple[int, int] | None = None,
+    max_side: int | None = None,
     param: str | None = None,
 ) -> ImageInput:
-    """Decode to 8-bit RGB (EXIF orientation applied; alpha dropped; gray and 16-bit converted)."""
+    """Decode to 8-bit RGB (EXIF orientation applied; alpha dropped; gray and 16-bit converted).
+
+    `max_side`: a larger image is scaled down (area averaging, aspect kept) so its longer side is that.
+    """
     data = bytes(data)
     fmt = _image_format(data)
     if fmt is None:
@@ -84,6 +88,10 @@ def decode_image(
             "(it does not resize them): resize the image before sending it",
             param=param,
         )
+    if max_side is not None and max(width, height) > max_side:
+        scale = max_side / max(width, height)
+        width, height = max(1, round(width * scale)), max(1, round(height * scale))
+        rgb = cv2.resize(rgb, (width, height), interpolation=cv2.INTER_AREA)
     return ImageInput.of(width, height, np.ascontiguousarray(rgb, dtype=np.uint8).tobytes())
 
 

@@ -5,13 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from edgellm.media.decode import decode_audio, decode_image
-from edgellm.media.errors import MediaError
+from edgellm.media.errors import MediaError, MediaTooLarge
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.parts import has_media
 from edgellm.media.sources import load_bytes
-from edgellm.media.types import MediaCaps, MediaInput
+from edgellm.media.types import ImageInput, MediaCaps, MediaInput
 
 DEFAULT_AUDIO_RATE = 16000
+# Decoded pixels are held until the request is done (and sent to the engine process): a 49 KB PNG can
+# declare 4096x4096 (48 MB of RGB). Images are scaled down to this longer side, which every projector
+# resizes below anyway (336-896 px fixed inputs; dynamic ones cap near 1-3 Mpx), and the decoded media of
+# one request are capped in total.
+MAX_IMAGE_SIDE = 2048
+MAX_DECODED_BYTES = 32 * 1024 * 1024
 
 
 def load_content(
@@ -42,6 +48,13 @@ def load_content(
             param = f"messages[{i}].content[{j}]"
             items.append(_load_part(part, caps, sources, limits, base_dir, param))
             parts.append({"type": "media", "index": len(items) - 1})
+            decoded = sum(len(x.rgb) if isinstance(x, ImageInput) else len(x.samples) for x in items)
+            if decoded > MAX_DECODED_BYTES:
+                raise MediaTooLarge(
+                    f"{param}: the request's images and audio decode to over {MAX_DECODED_BYTES // 2**20} MiB; "
+                    "send fewer or smaller ones",
+                    param=param,
+                )
         out.append({**msg, "content": parts})
     return out, items
 
@@ -64,9 +77,10 @@ def _load_part(
         )
     data = load_bytes(part["source"], sources, limits, param=param, base_dir=base_dir)
     if kind == "image":
-        expect = None
-        if not part.get("do_resize", True) and caps is not None and caps.image_size:
-            expect = (caps.image_size, caps.image_size)
+        if part.get("do_resize", True):
+            return decode_image(data, limits, max_side=MAX_IMAGE_SIDE, param=param)
+        # do_resize false: the pixels as they are, of the fixed-size projector's input size when it has one
+        expect = (caps.image_size, caps.image_size) if caps is not None and caps.image_size else None
         return decode_image(data, limits, expect_size=expect, param=param)
     # Before the engine reports (a request recovered at start), whisper-family projectors' 16 kHz: the
     # engine refuses another rate with a clear error, it never guesses.

@@ -34,24 +34,21 @@ def parse_content(where: str, content: list[Any], role: str) -> tuple[list[dict[
     if not content:
         raise InvalidRequest(f"{where}.content must not be an empty array", param="messages")
     parts: list[dict[str, Any]] = []
-    lines: list[str] = []  # adjacent text parts read as lines, as before (joined once: linear in the parts)
     text_bytes = n_media = 0
     for j, raw in enumerate(content):
         at = f"{where}.content[{j}]"
         part = _parse_part(at, raw)
         if part["type"] == "text":
             text_bytes += len(part["text"].encode("utf-8"))
-            lines.append(part["text"])
-            continue
-        if role not in MEDIA_ROLES:
-            raise InvalidRequest(f"{at}: {part['type']} input is accepted in user messages only", param="messages")
-        n_media += 1
-        if lines:
-            parts.append({"type": "text", "text": "\n".join(lines)})
-            lines = []
-        parts.append(part)
-    if lines:
-        parts.append({"type": "text", "text": "\n".join(lines)})
+            if parts and parts[-1]["type"] == "text":  # adjacent text parts read as lines, as before
+                part = {"type": "text", "text": "\n" + part["text"]}
+        else:
+            if role not in MEDIA_ROLES:
+                raise InvalidRequest(f"{at}: {part['type']} input is accepted in user messages only", param="messages")
+            n_media += 1
+        parts.append(part)  # one stored part per client part: error messages name the client's index
+    if n_media == 0:  # text only: the plain string they read as
+        parts = [{"type": "text", "text": "".join(p["text"] for p in parts)}]
     return parts, text_bytes, n_media
 
 
