@@ -54,6 +54,16 @@ class GuideError(InvalidRequest):
     error_type = "invalid_guide"
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt does not fit a slot's context (OpenAI's code context_length_exceeded)."""
+
+    error_type = "context_length_exceeded"
+
+    def __init__(self, message: str, **kw: Any):
+        kw.setdefault("param", "messages")
+        super().__init__(message, **kw)
+
+
 class Unauthorized(EdgeLLMError):
     http_status = 401
     error_type = "unauthorized"

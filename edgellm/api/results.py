@@ -25,11 +25,7 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
                 "finish_reason": out.finish_reason.value if out.finish_reason else None,
             }
         ],
-        "usage": {
-            "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": out.completion_tokens,
-            "total_tokens": out.prompt_tokens + out.completion_tokens,
-        },
+        "usage": usage_of(out),
         "timings": {k: round(v, 3) for k, v in out.timings.items()},
     }
     return {
@@ -37,6 +33,16 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
         "MODEL_NAME": model_name,
         "TEXT_RESPONSE": [out.text],
         "FULL_OUTPUT": [completion],
+    }
+
+
+def usage_of(out: RequestOutput) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens = prompt tokens whose KV came from the prefix cache."""
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": out.prompt_tokens + out.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
     }
 
 

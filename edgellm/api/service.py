@@ -38,6 +38,7 @@ from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.interface import EngineClient
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import (
+    ContextLengthExceeded,
     EdgeLLMError,
     EngineError,
     EngineUnavailable,
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 _ERROR_CLASSES: dict[str, type[EdgeLLMError]] = {
     "invalid_request": InvalidRequest,
     "invalid_guide": InvalidRequest,
+    "context_length_exceeded": ContextLengthExceeded,
     "rate_limited": QueueFull,
     "generation_failed": GenerationFailed,
 }

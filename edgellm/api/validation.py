@@ -358,6 +358,10 @@ def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict
                 f"messages[{i}].role must be one of {', '.join(ROLES)}; got {show(role)}", param="messages"
             )
         content = msg.get("content")
+        if role == "assistant" and (content is None or (isinstance(content, str) and not content.strip())):
+            # An earlier assistant turn may be empty (OpenAI accepts it, e.g. a turn that only called a tool).
+            out.append({"role": role, "content": ""})
+            continue
         if isinstance(content, list):
             parts, text_bytes, n_media = parse_content(f"messages[{i}]", content, role)
             if n_media:

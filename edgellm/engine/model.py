@@ -21,7 +21,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from edgellm.engine.config import ModelConfig
-from edgellm.errors import EngineError, InvalidRequest
+from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class LlamaModel:
             else:
                 tokens += self._content_tokens(messages[int(text)]["content"], False, media)
             if limit is not None and len(tokens) > limit:
-                raise InvalidRequest(
+                raise ContextLengthExceeded(
                     f"prompt is over {limit} tokens (stopped counting at message {j // 2} of {len(messages)}) but a "
                     f"slot holds at most {limit}; shorten the messages"
                 )
@@ -289,7 +289,7 @@ class LlamaModel:
         writes its markup too (TensorRT-Edge-LLM's apply_chat_template=false)."""
         text = raw_prompt_text(messages)
         if limit is not None and len(text) > 16 * limit + 1024:  # far more bytes than tokens fit: no need to count
-            raise InvalidRequest(f"prompt is over {limit} tokens but a slot holds at most {limit}; shorten it")
+            raise ContextLengthExceeded(f"prompt is over {limit} tokens but a slot holds at most {limit}; shorten it")
         if any(isinstance(m.get("content"), list) for m in messages):
             tokens: list[int] = []
             for m in messages:

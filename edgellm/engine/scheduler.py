@@ -24,7 +24,7 @@ from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
 from edgellm.engine.token_step import Finish, TokenStep
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind
-from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest, QueueFull
+from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, InvalidRequest, QueueFull
 from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class Scheduler:
         if not prompt:
             raise InvalidRequest("the prompt is empty: there is no token to start generating from")
         if len(prompt) > room:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
                 f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages"
             )

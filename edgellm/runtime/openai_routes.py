@@ -19,7 +19,7 @@ from edgellm.api.openai_compat import (
     now,
 )
 from edgellm.api.output_processor import RequestOutput
-from edgellm.api.results import status_of
+from edgellm.api.results import status_of, usage_of
 from edgellm.api.service import Outcome, Service
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
@@ -104,12 +104,7 @@ async def _events(
         else:
             yield _sse({"error": {"message": error, "type": "server_error", "param": None, "code": error_type}})
         if opts.include_usage:
-            usage = {
-                "prompt_tokens": out.prompt_tokens,
-                "completion_tokens": out.completion_tokens,
-                "total_tokens": out.prompt_tokens + out.completion_tokens,
-            }
-            yield _sse(chunk_body(request_id, model, created, {}, usage=usage, no_choices=True))
+            yield _sse(chunk_body(request_id, model, created, {}, usage=usage_of(out), no_choices=True))
         yield _sse("[DONE]")
         done = True
     finally:

@@ -379,3 +379,13 @@ def test_prompt_bytes_are_capped_summed_over_messages_in_utf8():
     reject({"messages": [half, half, {"role": "user", "content": "x"}]}, "exceeds 262144 bytes")
     with pytest.raises(InvalidRequest, match=r"exceeds 10 bytes \(UTF-8, summed; at messages\[1\]\)"):
         parse_chat_request({"messages": [{"role": "user", "content": "123456"}] * 2}, max_prompt_bytes=10)
+
+
+@pytest.mark.parametrize("content", ["", "   ", None])
+def test_an_empty_assistant_turn_is_accepted_as_openai_does(content):
+    msgs = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": content},
+        {"role": "user", "content": "?"},
+    ]
+    assert parse_chat_request({"messages": msgs}).messages[1] == {"role": "assistant", "content": ""}

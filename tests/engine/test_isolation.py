@@ -121,7 +121,7 @@ def test_a_huge_prompt_is_prepared_off_the_step_loop_and_refused_early(engine):
     outs = {}
     while s.has_work():
         outs.update({o.request_id: o for o in step_when_prepared(s) if o.finished})
-    assert outs["huge"].error_type == "invalid_request" and "stopped counting at message" in outs["huge"].error
+    assert outs["huge"].error_type == "context_length_exceeded" and "stopped counting at message" in outs["huge"].error
     assert outs["bystander"].error is None and outs["bystander"].completion_tokens == 64
 
 

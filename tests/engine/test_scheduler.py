@@ -99,5 +99,5 @@ def test_deadline_ends_request_with_timeout(engine):
 
 def test_prompt_longer_than_a_slot_is_a_clear_error(engine):
     out = engine.one(req("huge", "word " * 3000))
-    assert out.finish_reason is FinishReason.ERROR and out.error_type == "invalid_request"
+    assert out.finish_reason is FinishReason.ERROR and out.error_type == "context_length_exceeded"
     assert "a slot holds at most" in out.error

@@ -206,3 +206,22 @@ def test_an_image_to_a_text_only_model_is_a_clear_400(client, model_id):
         client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": content}], max_tokens=4)
     assert "no images" in str(info.value) and "mmproj_path" in str(info.value)
     assert client.models.list().data[0].input_modalities == ["text"]
+
+
+def test_openai_parity_empty_assistant_turn_context_length_and_cached_tokens(client, model_id):
+    turns = [
+        {"role": "user", "content": "Hello there."},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "Say yes."},
+    ]
+    r = client.chat.completions.create(model=model_id, messages=turns, max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "word " * 3000}])
+    assert info.value.code == "context_length_exceeded" and info.value.body["param"] == "messages"
+    system = {"role": "system", "content": "You answer questions about the greenhouse of parity test 7. " * 4}
+    ask = [system, {"role": "user", "content": "Is it warm?"}]
+    first = client.chat.completions.create(model=model_id, messages=ask, max_tokens=2, temperature=0)
+    again = client.chat.completions.create(model=model_id, messages=ask, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens_details.cached_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
