@@ -510,7 +510,7 @@ class Service:
             "load": {
                 k: v
                 for k, v in (self.engine.stats if self.engine else {}).items()
-                if k in ("slots_total", "slots_busy", "waiting")
+                if k in ("slots_total", "slots_busy", "waiting", "n_threads", "thread_switches")
             },
             "in_flight": self.in_flight(),
             "max_queued": self.config.max_queued,

@@ -16,4 +16,7 @@ class ModelConfig:
     n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
     flash_attn: bool = True
     kv_cache_type: str = "f16"  # or "q8_0": half the KV memory (needs flash attention for V)
+    # True: the thread count follows the cores other processes leave free (engine/cpu_share.py), at
+    # most n_threads; False: always n_threads.
+    adaptive_threads: bool = True
     mmproj_path: str | None = None  # a multimodal projector GGUF made for this model (images, audio)

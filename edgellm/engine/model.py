@@ -370,6 +370,10 @@ class LlamaModel:
         L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         return keep == 0
 
+    def set_threads(self, n: int) -> None:
+        """Threads for the next decodes (generation and prompt batches alike)."""
+        L.llama_set_n_threads(self.ctx, n, n)
+
     def close(self) -> None:
         if getattr(self, "batch", None) is not None:
             L.llama_batch_free(self.batch)

@@ -16,6 +16,7 @@ from concurrent.futures import wait as futures_wait
 
 import numpy as np
 
+from edgellm.engine.cpu_share import ThreadGovernor
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import MediaCollector, Projector
@@ -53,6 +54,8 @@ class Scheduler:
         self._aborted: set[str] = set()
         self.stats = StepStats()
         self.token_step = TokenStep(model, self.guides, self.stats, model.n_slots)
+        self.threads = ThreadGovernor(model.n_threads, model.set_threads)
+        self.threads.enabled &= model.config.adaptive_threads
         self._adapter: tuple[str, float] | None = None  # the LoRA adapter applied to the context now
         self._adapters = None  # lora.AdapterCache, created by the first request that names an adapter
 
@@ -131,12 +134,19 @@ class Scheduler:
 
     def load(self) -> dict:
         busy = sum(1 for s in self.slots if s.state is not SlotState.IDLE)
-        return {"slots_total": len(self.slots), "slots_busy": busy, "waiting": len(self.waiting)}
+        return {
+            "slots_total": len(self.slots),
+            "slots_busy": busy,
+            "waiting": len(self.waiting),
+            "n_threads": self.threads.current,
+            "thread_switches": self.threads.switches,
+        }
 
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineOutput]:
         """Drop cancelled work, admit waiting requests, then schedule -> decode -> update_from_output."""
         outputs: list[EngineOutput] = []
+        self.threads.tick()
         self._drop_cancelled(outputs)
         self._admit(outputs)
         plan = schedule(self.slots, self.model.n_batch)

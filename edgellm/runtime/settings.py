@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     n_slots: int = Field(8, ge=1, le=64)
     n_batch: int = Field(512, ge=32)
     n_threads: int = Field(0, ge=0, description="0 = every core this process may use")
+    # adaptive: fewer threads while other processes keep cores busy (a spinning llama.cpp barrier on a
+    # shared core collapses throughput); fixed: always n_threads.
+    thread_policy: Literal["adaptive", "fixed"] = "adaptive"
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
@@ -177,6 +180,7 @@ class Settings(BaseSettings):
             n_gpu_layers=-1 if self.n_gpu_layers == "auto" else int(self.n_gpu_layers),
             flash_attn=self.flash_attn,
             kv_cache_type=self.kv_cache_type,
+            adaptive_threads=self.thread_policy == "adaptive",
             mmproj_path=self.resolved_mmproj_path(),
         )
 
