@@ -49,6 +49,7 @@ class ChatRequestBody(BaseModel):
     stop: str | list[str] | None = Field(None, description="at most 16; excluded from the text")
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100], <= 1024")
     num_logprobs: int = Field(0, ge=0, le=50)
+    disable_spec_decode: bool = Field(False, description="no speculative drafts (the output is the same)")
     response_format: dict[str, Any] | str | None = Field(
         None, description="json_object (optional schema) or json_schema (json_schema.schema or schema)"
     )

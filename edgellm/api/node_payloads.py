@@ -271,6 +271,7 @@ def _engine_request(engine_id: str, request: ChatRequest) -> EngineRequest:
         sampling=request.sampling(seed),
         guide=request.guide,
         deadline=time.time() + request.timeout,
+        speculative=not request.disable_spec_decode,
     )
 
 

@@ -164,6 +164,7 @@ def engine_request(
         guide=request.guide,
         deadline=created_at + request.timeout,
         stream=stream,
+        speculative=not request.disable_spec_decode,
     )
 
 

@@ -56,6 +56,7 @@ SAMPLING_FIELDS = (
     "num_logprobs",
     "presence_penalty",
     "frequency_penalty",
+    "disable_spec_decode",
 )
 KNOWN_FIELDS = frozenset(
     {
@@ -99,6 +100,7 @@ class ChatRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     request_id: str | None = None
     timeout: float = 600.0
+    disable_spec_decode: bool = False  # no speculative drafts for this request (its output is the same)
 
     # The media of `messages`, fetched and decoded (not stored: a recovered request loads them again)
     # as the engine takes them: messages whose parts refer to `media` by index.
@@ -214,6 +216,7 @@ def parse_chat_request(
         metadata=metadata,
         request_id=_request_id(body),
         timeout=_number(body, "timeout", default_timeout, 0.0, max_timeout, low_open=True),
+        disable_spec_decode=_flag(body, "disable_spec_decode"),
     )
     try:
         return ChatRequest(**fields)
@@ -398,6 +401,13 @@ def _check_prompt_bytes(total: int, max_prompt_bytes: int, i: int) -> None:
             "Shorten the prompt.",
             param="messages",
         )
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be true or false", param=name)
+    return value
 
 
 def _metadata(value: Any) -> dict[str, Any]:

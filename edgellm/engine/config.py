@@ -19,4 +19,5 @@ class ModelConfig:
     # True: the thread count follows the cores other processes leave free (engine/cpu_share.py), at
     # most n_threads; False: always n_threads.
     adaptive_threads: bool = True
+    speculative: bool = True  # prompt-lookup drafts verified in the batch (engine/draft.py)
     mmproj_path: str | None = None  # a multimodal projector GGUF made for this model (images, audio)

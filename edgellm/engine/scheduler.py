@@ -17,6 +17,7 @@ from concurrent.futures import wait as futures_wait
 import numpy as np
 
 from edgellm.engine.cpu_share import ThreadGovernor
+from edgellm.engine.draft import propose
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import MediaCollector, Projector
@@ -29,6 +30,11 @@ from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, Inv
 from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
+
+# Speculation runs while at most SPEC_MAX_SLOTS slots generate, and a step carries at most
+# SPEC_BATCH_TOKENS generation tokens (pending + drafts) in all.
+SPEC_MAX_SLOTS = 4
+SPEC_BATCH_TOKENS = 16
 
 
 class Scheduler:
@@ -149,6 +155,7 @@ class Scheduler:
         self.threads.tick()
         self._drop_cancelled(outputs)
         self._admit(outputs)
+        self._propose_drafts()
         plan = schedule(self.slots, self.model.n_batch)
         if plan.empty:
             return outputs
@@ -186,15 +193,20 @@ class Scheduler:
                 self.stats.prompt_tokens += n
         for slot in plan.decoding:
             if slot.seq_id not in failed:
-                slot.n_past += len(slot.pending)  # the tokens fed this step are now in the KV cache
-        for r, slot in enumerate(plan.sampled):
+                # the tokens fed this step are in the KV cache now (drafts too, until rejected ones are cut)
+                slot.n_past += len(slot.pending) + len(slot.drafts)
+        row = 0
+        for r, (slot, n_rows) in enumerate(zip(plan.sampled, plan.n_rows, strict=True)):
+            rows, row = logits[row : row + n_rows], row + n_rows
             if slot.seq_id in failed:
                 continue
             try:
-                finish = self.token_step.advance(slot, logits[r], r)
+                finish, accepted = self.token_step.advance(slot, rows, r)
             except Exception as exc:  # a fault in one slot's sampling/guide ends that request only
                 log.exception("slot %d (request %s) failed while sampling", slot.seq_id, slot.request_id)
                 finish = Finish(FinishReason.ERROR, f"internal error while generating: {exc!r}"[:500], "engine_error")
+                accepted = len(slot.drafts)
+            self._settle_drafts(slot, accepted)
             if finish is not None:
                 outputs.append(self._finish(slot, finish))
                 continue
@@ -202,6 +214,44 @@ class Scheduler:
             if slot.request.stream and (delta := slot.take_delta(final=False)) is not None:
                 outputs.append(delta)
         return outputs
+
+    def _propose_drafts(self) -> None:
+        """Prompt-lookup drafts for decoding slots (engine/draft.py), while the batch is small enough
+        that verifying them costs less than the steps they save: on a CPU a decode of 16 tokens costs
+        far less than 16 decodes of one, but a batch already full of generating slots gains little."""
+        decoding = [s for s in self.slots if s.state is SlotState.DECODE]
+        budget = SPEC_BATCH_TOKENS - sum(len(s.pending) for s in decoding) if len(decoding) <= SPEC_MAX_SLOTS else 0
+        for slot in self.slots:
+            slot.drafts = []
+            if slot.state is not SlotState.DECODE or budget <= 0 or not self.model.config.speculative:
+                continue
+            if not self.model.partial_trim:  # rejected drafts could not be cut from recurrent/SWA memory
+                continue
+            if not slot.request.speculative:
+                continue
+            params = slot.request.sampling
+            room = min(
+                slot.draft_len.k,
+                budget,
+                params.max_tokens - len(slot.generated) - 1,  # the pending sample is one of max_tokens
+                self.model.slot_ctx - slot.cells - len(slot.pending) - 1,
+            )
+            if room > 0:
+                slot.drafts = propose(slot.prompt + slot.generated, room)
+                budget -= len(slot.drafts)
+
+    def _settle_drafts(self, slot: Slot, accepted: int) -> None:
+        """Cut the KV of the drafts the verification rejected; adapt the slot's draft length."""
+        proposed = len(slot.drafts)
+        if proposed == 0:
+            return
+        self.stats.drafted_tokens += proposed
+        self.stats.accepted_tokens += accepted
+        slot.draft_len.update(proposed, accepted)
+        if accepted < proposed:
+            slot.n_past -= proposed - accepted
+            self.model.trim_sequence(slot.seq_id, slot.n_past)
+        slot.drafts = []
 
     def _decode_media(self, plan: StepPlan) -> dict[int, str]:
         """Encode the step's media chunk and decode its embeddings into its slot's sequence (before the

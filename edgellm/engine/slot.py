@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 
+from edgellm.engine.draft import DraftLength
 from edgellm.engine.guide_llguidance import Guide
 from edgellm.engine.projector import MediaSpan
 from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, TokenLogprob
@@ -78,6 +79,8 @@ class Slot:
         self.emitted_tokens = 0  # of `generated`, already reported
         self.logprobs: list[TokenLogprob] | None = [] if prepared.request.sampling.num_logprobs > 0 else None
         self.pending: list[int] = []  # tokens to decode next step: the last sampled one + forced ones
+        self.drafts: list[int] = []  # this step's speculative tokens, fed after `pending`
+        self.draft_len = DraftLength()
         self._stops = [s.encode("utf-8", "surrogatepass") for s in prepared.request.sampling.stop if s]
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()

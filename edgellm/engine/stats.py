@@ -15,6 +15,8 @@ class StepStats:
     prompt_tokens: int = 0  # prompt tokens decoded
     reused_tokens: int = 0  # prompt tokens skipped thanks to a cached prefix
     generated_tokens: int = 0
+    drafted_tokens: int = 0  # speculative draft tokens verified
+    accepted_tokens: int = 0  # of those, kept (each one a decode step saved)
     media_chunks: int = 0  # images / audio windows encoded and decoded into a sequence
     media_s: float = 0.0  # their encode + decode time
     media_encode_s: float = 0.0  # of media_s: the projector's encoder alone
@@ -27,6 +29,8 @@ class StepStats:
             "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens,
             "generated_tokens": self.generated_tokens,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
             "media_chunks": self.media_chunks,
             "media_ms_per_chunk": 1000 * self.media_s / max(1, self.media_chunks),
             "media_encode_ms_per_chunk": 1000 * self.media_encode_s / max(1, self.media_chunks),

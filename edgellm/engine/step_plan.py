@@ -24,7 +24,8 @@ class StepPlan:
     positions: list[int] = field(default_factory=list)
     seq_ids: list[int] = field(default_factory=list)
     want_logits: list[bool] = field(default_factory=list)
-    sampled: list[Slot] = field(default_factory=list)  # slots whose logits row is sampled, in row order
+    sampled: list[Slot] = field(default_factory=list)  # slots whose logits rows are sampled, in row order
+    n_rows: list[int] = field(default_factory=list)  # logits rows of each sampled slot (1 + its drafts)
     decoding: list[Slot] = field(default_factory=list)  # generating slots (their pending tokens are fed)
     prefill: list[tuple[Slot, int]] = field(default_factory=list)  # (slot, prompt tokens fed this step)
     media: tuple[Slot, MediaSpan] | None = None  # decoded first; that slot's text after it may follow
@@ -33,12 +34,15 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.tokens and self.media is None
 
-    def _feed(self, slot: Slot, tokens: Sequence[int], first_pos: int, logits_for_last: bool) -> None:
-        n = len(tokens)
-        self.tokens += tokens
+    def _feed(
+        self, slot: Slot, tokens: Sequence[int], first_pos: int, logits_for_last: bool, drafts: Sequence[int] = ()
+    ) -> None:
+        """`tokens`, then `drafts` with logits for each of them (speculative verification rows)."""
+        n = len(tokens) + len(drafts)
+        self.tokens += [*tokens, *drafts]
         self.positions += range(first_pos, first_pos + n)
         self.seq_ids += [slot.seq_id] * n
-        self.want_logits += [False] * (n - 1) + [logits_for_last]
+        self.want_logits += [False] * (len(tokens) - 1) + [logits_for_last] + [True] * len(drafts)
 
 
 def schedule(slots: Sequence[Slot], n_batch: int) -> StepPlan:
@@ -46,8 +50,9 @@ def schedule(slots: Sequence[Slot], n_batch: int) -> StepPlan:
     plan = StepPlan()
     for slot in slots:
         if slot.state is SlotState.DECODE:
-            plan._feed(slot, slot.pending, slot.n_past, True)
+            plan._feed(slot, slot.pending, slot.n_past, True, slot.drafts)
             plan.sampled.append(slot)
+            plan.n_rows.append(1 + len(slot.drafts))
             plan.decoding.append(slot)
     budget = n_batch - len(plan.tokens)
     for slot in slots:
@@ -68,6 +73,7 @@ def schedule(slots: Sequence[Slot], n_batch: int) -> StepPlan:
         plan._feed(slot, chunk, pos, done)  # the prompt's last token gives the first logits
         if done:
             plan.sampled.append(slot)
+            plan.n_rows.append(1)
         plan.prefill.append((slot, len(chunk)))
         budget -= len(chunk)
     return plan

@@ -37,8 +37,26 @@ class TokenStep:
         # Every slot's feed (sampled + forced tokens) must fit in one batch next step.
         self.max_feed = max(1, model.n_batch // n_slots)
 
-    def advance(self, slot: Slot, row: np.ndarray, r: int) -> Finish | None:
-        """Pick the slot's next token(s) from its logits row `row` (bitmask row `r`); None = continue."""
+    def advance(self, slot: Slot, rows: list[np.ndarray], r: int) -> tuple[Finish | None, int]:
+        """Pick the slot's next token(s) from its logits rows (bitmask row `r`); returns (why it ends or
+        None, how many of its drafts were accepted).
+
+        Row 0 follows the slot's last fed token; row j follows draft j. Each row is sampled exactly as
+        without drafts; draft j is kept only when row j-1's sample equals it, and the first sample that
+        differs (or comes with grammar-forced tokens) becomes the next pending token.
+        """
+        drafts = slot.drafts
+        for j, row in enumerate(rows):
+            finish = self._advance_one(slot, row, r)
+            if finish is not None or j == len(drafts) or slot.pending[0] != drafts[j]:
+                return finish, j
+            if len(slot.pending) > 1:  # the draft was right, and the grammar forces tokens after it:
+                slot.pending = slot.pending[1:]  # the draft is in the KV already; feed the forced ones next
+                return None, j + 1
+        return None, len(drafts)  # not reached: there is one row more than drafts
+
+    def _advance_one(self, slot: Slot, row: np.ndarray, r: int) -> Finish | None:
+        """Pick the slot's next token(s) from one logits row; None = continue (slot.pending is set)."""
         params = slot.request.sampling
         t0 = time.perf_counter()
         apply_penalties(row, params, slot.history, slot.generated)

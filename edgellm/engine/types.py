@@ -90,6 +90,7 @@ class EngineRequest:
     cache_commit: CacheCommit = CacheCommit.ALL
     lora_path: str | None = None  # a GGUF LoRA adapter (engine/lora.py makes one from PEFT safetensors)
     lora_scale: float = 1.0
+    speculative: bool = True  # False: never draft for this request (TensorRT-Edge-LLM's disable_spec_decode)
     # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).
     media: list[MediaInput] = field(default_factory=list)
 

@@ -101,7 +101,7 @@ class InferBatch:
     item_indices: list[int]
     lora_name: str | None
     num_logprobs: int  # the largest K its requests ask for; every request in it gets this K
-    disable_spec_decode: bool  # recorded: edgellm has no speculative decoding (yet)
+    disable_spec_decode: bool  # any request of the batch sets it: no drafts for the whole batch
     error: str | None
 
 

@@ -202,7 +202,14 @@ class _Runner:
             messages, media = load_content(
                 messages, self._media_caps, sources, self.options.media_limits, base_dir=str(self._base_dir)
             )
-        return replace(item.request, sampling=sampling, lora_path=lora_path, messages=messages, media=media)
+        return replace(
+            item.request,
+            sampling=sampling,
+            lora_path=lora_path,
+            messages=messages,
+            media=media,
+            speculative=not batch.disable_spec_decode,  # batch-wide, as TensorRT-Edge-LLM applies it
+        )
 
     # -- responses -------------------------------------------------------------------------------
     def _formatted(self, item: InferItem) -> str:

@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     # adaptive: fewer threads while other processes keep cores busy (a spinning llama.cpp barrier on a
     # shared core collapses throughput); fixed: always n_threads.
     thread_policy: Literal["adaptive", "fixed"] = "adaptive"
+    # Prompt-lookup speculative decoding (engine/draft.py): same output, fewer decode steps when the
+    # output copies from the input. A request can opt out with disable_spec_decode.
+    speculative_decoding: bool = True
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
@@ -181,6 +184,7 @@ class Settings(BaseSettings):
             flash_attn=self.flash_attn,
             kv_cache_type=self.kv_cache_type,
             adaptive_threads=self.thread_policy == "adaptive",
+            speculative=self.speculative_decoding,
             mmproj_path=self.resolved_mmproj_path(),
         )
 

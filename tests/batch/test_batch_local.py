@@ -135,10 +135,13 @@ MIXED = [
 
 
 def comparable(line: dict[str, Any]) -> dict[str, Any]:
-    """A line without what differs between any two runs: latency, the response's id and time."""
+    """A line without what differs between any two runs: latency, the response's id and time, and how many
+    prompt tokens the prefix cache happened to hold (it depends on what ran before in that engine)."""
     x = {k: v for k, v in line.items() if k != "latency_ms"}
     if "response" in x:
         x["response"] = {k: v for k, v in x["response"].items() if k not in ("id", "created")}
+        if "usage" in x["response"]:
+            x["response"]["usage"] = {k: v for k, v in x["response"]["usage"].items() if k != "prompt_tokens_details"}
     if "error" in x:
         x["error"] = re.sub(r"\b[0-9a-f]{32}\b", "<request id>", x["error"])
     return x

@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Speculative decoding (prompt-lookup drafts) vs none, single stream, in one run.
+
+Three tasks on the in-process engine (the node's scheduler): extract fields of a given paragraph into
+JSON (schema-guided), summarise / restate a given text, and free-form generation (nothing to copy: the
+no-loss check). Each runs 3 times with drafts and 3 times without (request flag), temperature 0;
+prints median tokens/s, the ratio, and the share of draft tokens accepted. The outputs with and
+without drafts are compared too: they must be identical.
+
+    python tools/bench_speculative.py [--max-tokens 160]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgellm.engine.config import ModelConfig  # noqa: E402
+from edgellm.engine.types import EngineRequest, GuideKind, GuideSpec, SamplingParams  # noqa: E402
+from edgellm.offline import OfflineEngine  # noqa: E402
+from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+
+REPORT = (
+    "Maintenance log, greenhouse 4, 12 March. At 06:10 the operator Maria Lopez found that irrigation valve "
+    "V-3 in row 12 was stuck half open. Soil moisture sensor S-17 read 41 percent, above the 35 percent "
+    "target, and the drip line pressure was 1.8 bar. She closed the manual bypass, replaced the valve "
+    "solenoid (part number SOL-2240) and tested the valve three times. At 07:05 the moisture reading was "
+    "back to 36 percent. Next inspection is due on 19 March. The fan F-2 made a rattling noise and should "
+    "be checked by the electrician, Tom Becker, before the end of the week."
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "operator": {"type": "string"},
+        "valve": {"type": "string"},
+        "row": {"type": "integer"},
+        "part_number": {"type": "string"},
+        "moisture_before": {"type": "integer"},
+        "moisture_after": {"type": "integer"},
+        "next_inspection": {"type": "string"},
+        "follow_up": {"type": "string"},
+    },
+    "required": [
+        "operator",
+        "valve",
+        "row",
+        "part_number",
+        "moisture_before",
+        "moisture_after",
+        "next_inspection",
+        "follow_up",
+    ],
+    "additionalProperties": False,
+}
+TASKS = {
+    "extract to JSON (schema)": (
+        f"Extract the fields from this log as JSON.\n\n{REPORT}",
+        GuideSpec(GuideKind.JSON_SCHEMA, SCHEMA),
+    ),
+    "restate a given text": (
+        f"Rewrite this log as a clear report for the farm manager, keeping every detail.\n\n{REPORT}",
+        None,
+    ),
+    "free-form (nothing to copy)": ("Write a short story about a robot that learns to grow tomatoes.", None),
+}
+
+
+def run(engine: OfflineEngine, task: str, speculative: bool, max_tokens: int, i: int) -> tuple[float, str]:
+    content, guide = TASKS[task]
+    request = EngineRequest(
+        f"{task[:8]}-{speculative}-{i}",
+        [{"role": "user", "content": content}],
+        SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        guide=guide,
+        cache_lookup=False,
+        speculative=speculative,
+    )
+    outs, stats = engine.generate([request])
+    if outs[0].error:
+        raise SystemExit(f"{task}: {outs[0].error}")
+    return outs[0].completion_tokens / stats.wall_s, outs[0].text
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=bundled_model_path())
+    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    config = ModelConfig(path=args.model, n_ctx=4096, n_slots=1)
+    print(f"{'task':30} {'tok/s without':>14} {'tok/s with':>11} {'ratio':>6} {'accepted':>9} {'same text':>10}")
+    with OfflineEngine(config) as engine:
+        run(engine, "free-form (nothing to copy)", True, 8, -1)  # warm-up
+        stats = engine.scheduler.stats
+        for task in TASKS:
+            without, with_ = [], []
+            texts = set()
+            drafted0, accepted0 = stats.drafted_tokens, stats.accepted_tokens
+            for i in range(args.runs):  # interleaved: drift on a noisy machine hits both sides alike
+                rate, text = run(engine, task, False, args.max_tokens, i)
+                without.append(rate)
+                texts.add(text)
+                rate, text = run(engine, task, True, args.max_tokens, i)
+                with_.append(rate)
+                texts.add(text)
+            drafted, accepted = stats.drafted_tokens - drafted0, stats.accepted_tokens - accepted0
+            a, b = statistics.median(without), statistics.median(with_)
+            share = f"{accepted}/{drafted}" if drafted else "-"
+            print(f"{task:30} {a:14.1f} {b:11.1f} {b / a:5.2f}x {share:>9} {str(len(texts) == 1):>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
