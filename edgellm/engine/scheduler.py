@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # Speculation runs while at most SPEC_MAX_SLOTS slots generate, and a step carries at most
 # SPEC_BATCH_TOKENS generation tokens (pending + drafts) in all.
 SPEC_MAX_SLOTS = 4
-SPEC_BATCH_TOKENS = 16
+SPEC_BATCH_TOKENS = 20
 
 
 class Scheduler:
@@ -231,7 +231,7 @@ class Scheduler:
                 continue
             params = slot.request.sampling
             room = min(
-                slot.draft_len.k,
+                slot.draft_len.next_k(),
                 budget,
                 params.max_tokens - len(slot.generated) - 1,  # the pending sample is one of max_tokens
                 self.model.slot_ctx - slot.cells - len(slot.pending) - 1,

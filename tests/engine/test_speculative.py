@@ -19,7 +19,7 @@ from dataclasses import replace
 import jsonschema
 import pytest
 
-from edgellm.engine.draft import DraftLength, propose
+from edgellm.engine.draft import MIN_DRAFT, PAUSE_STEPS, START_DRAFT, DraftLength, propose
 from edgellm.engine.types import EngineRequest, GuideKind, GuideSpec, SamplingParams
 
 PARAGRAPH = (
@@ -66,20 +66,28 @@ def same(a, b) -> None:
 
 def test_propose_continues_the_latest_earlier_occurrence():
     assert propose([1, 2, 3, 9, 9, 1, 2, 3], 3) == [9, 9, 1]
-    assert propose([5, 6, 7, 5, 6, 8, 5, 6], 2) == [8, 5]  # the most recent match
+    assert propose([5, 6, 7, 1, 5, 6, 8, 2, 4, 5, 6], 3) == [8, 2, 4]  # the most recent match
     assert propose([1, 2, 3, 4], 3) == []  # nothing repeats
+    assert propose([7, 1, 2, 3, 4, 9, 2], 3) == []  # a one-token match predicts too little
+    assert propose([1, 2, 9, 8, 7, 1, 2], 1) == [9]  # asked for one: one
     assert propose([1, 2, -5, -6, 1, 2], 4) == []  # never proposes media stand-ins
     assert propose([1, 2, 3], 0) == []
 
 
-def test_draft_length_follows_acceptance():
+def test_draft_length_follows_acceptance_and_pauses_when_drafts_do_not_pay():
     d = DraftLength()
+    assert d.next_k() == START_DRAFT
     d.update(4, 4)
-    assert d.k == 6
-    d.update(6, 1)
-    assert d.k == 2
+    assert d.k == 8  # all accepted: longer drafts
+    d.update(8, 5)
+    assert d.k == 7
+    d.update(7, 0)  # free-form text: a draft that fails outright pauses drafting
+    assert [d.next_k() for _ in range(PAUSE_STEPS)] == [0] * PAUSE_STEPS
+    assert d.next_k() == MIN_DRAFT  # then it tries again, short
+    d.update(MIN_DRAFT, 0)
+    assert d.paused == 2 * PAUSE_STEPS  # and pauses longer each time it does not help
     d.update(0, 0)
-    assert d.k == 2
+    assert d.paused == 2 * PAUSE_STEPS
 
 
 def test_greedy_output_is_token_for_token_the_same_and_drafts_are_accepted(engine):
