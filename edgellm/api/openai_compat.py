@@ -168,6 +168,8 @@ def parse_openai_request(
     request = parse_chat_request(
         seed_body, min_max_tokens=1, max_messages=max_messages, max_prompt_bytes=max_prompt_bytes, **limits
     )
+    # As OpenAI and llama-server: JSON cut by max_tokens comes back as it is, finish_reason "length".
+    request = request.model_copy(update={"cut_structure_ok": True})
     return request, OpenAIOptions(stream, bool(stream_options.get("include_usage")), bool(logprobs), top or 0)
 
 

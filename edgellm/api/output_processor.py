@@ -32,6 +32,7 @@ class RequestOutput:
     timings: dict[str, float] = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_cause: StopCause | None = None  # with FinishReason.STOP: end-of-sequence, stop string or grammar
+    truncated_structure: bool = False  # the budget ran short: the JSON was closed the shortest valid way
 
 
 class _TextState:
@@ -71,6 +72,7 @@ class _TextState:
             timings=out.timings,
             cached_tokens=out.cached_tokens,
             stop_cause=cause,
+            truncated_structure=out.truncated_structure,
         )
 
     def _cut_at_stop(self, before: int) -> None:

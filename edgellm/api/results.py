@@ -28,6 +28,8 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
         "usage": usage_of(out),
         "timings": {k: round(v, 3) for k, v in out.timings.items()},
     }
+    if out.truncated_structure:  # edgellm's field: the JSON parses, but was closed early to fit max_tokens
+        completion["truncated_structure"] = True
     return {
         "REQUEST_ID": request_id,
         "MODEL_NAME": model_name,

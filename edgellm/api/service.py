@@ -165,6 +165,7 @@ def engine_request(
         deadline=created_at + request.timeout,
         stream=stream,
         speculative=not request.disable_spec_decode,
+        cut_structure_ok=request.cut_structure_ok,
     )
 
 

@@ -101,6 +101,8 @@ class ChatRequest(BaseModel):
     request_id: str | None = None
     timeout: float = 600.0
     disable_spec_decode: bool = False  # no speculative drafts for this request (its output is the same)
+    # Set by the OpenAI route: structured output cut by max_tokens is a 200 with finish "length" there.
+    cut_structure_ok: bool = False
 
     # The media of `messages`, fetched and decoded (not stored: a recovered request loads them again)
     # as the engine takes them: messages whose parts refer to `media` by index.

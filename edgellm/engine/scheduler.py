@@ -410,7 +410,13 @@ class Scheduler:
         decode_s = now - first
         # Cut by max_tokens where the grammar could not end (inside a JSON object, not after free text
         # of a structural tag or a complete regex match): the text does not conform.
-        if slot.guide is not None and reason is FinishReason.LENGTH and error is None and not slot.guide.is_accepting():
+        cut = slot.guide is not None and reason is FinishReason.LENGTH and error is None
+        cut = cut and not slot.guide.is_accepting()
+        # Steering gave the structure its shortest valid ending (not a cut one): report it as "length".
+        truncated = slot.closing and not cut and error is None and reason in (FinishReason.STOP, FinishReason.LENGTH)
+        if truncated and not cut:
+            reason = FinishReason.LENGTH  # complete, but only because the budget forced the shortest ending
+        if cut and not slot.request.cut_structure_ok:
             error, error_type = (
                 (
                     "structured output was cut at max_tokens before the grammar completed; "
@@ -435,6 +441,7 @@ class Scheduler:
         out.error, out.error_type = error, error_type
         out.cached_tokens = slot.reused
         out.stop_cause = finish.cause if reason is FinishReason.STOP else None
+        out.truncated_structure = truncated
         out.timings = {
             "queue_ms": 1000 * (slot.started_at - slot.queued_at),
             "ttft_ms": 1000 * (first - slot.queued_at),

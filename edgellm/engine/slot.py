@@ -9,8 +9,9 @@ from enum import Enum
 
 from edgellm.engine.draft import DraftLength
 from edgellm.engine.guide_llguidance import Guide
+from edgellm.engine.json_closing import JsonDepth, required_keys
 from edgellm.engine.projector import MediaSpan
-from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, TokenLogprob
+from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, GuideKind, TokenLogprob
 
 
 class SlotState(Enum):
@@ -80,6 +81,14 @@ class Slot:
         self.logprobs: list[TokenLogprob] | None = [] if prepared.request.sampling.num_logprobs > 0 else None
         self.pending: list[int] = []  # tokens to decode next step: the last sampled one + forced ones
         self.drafts: list[int] = []  # this step's speculative tokens, fed after `pending`
+        guide_kind = prepared.request.guide.kind if prepared.request.guide is not None else None
+        # JSON output is followed so that it can be closed within max_tokens (engine/json_closing.py).
+        if guide_kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
+            schema = prepared.request.guide.spec if guide_kind is GuideKind.JSON_SCHEMA else None
+            self.json: JsonDepth | None = JsonDepth(required_keys(schema))
+        else:
+            self.json = None
+        self.closing = False  # steering to the shortest valid ending is on
         self.draft_len = DraftLength()
         self._stops = [s.encode("utf-8", "surrogatepass") for s in prepared.request.sampling.stop if s]
         self.queued_at = prepared.queued_at
@@ -107,6 +116,8 @@ class Slot:
         self.generated.append(token)
         self.history.append(token)
         self.data += piece
+        if self.json is not None:
+            self.json.feed(piece)
 
     def hit_stop(self, before: int) -> bool:
         """Whether a stop string ends in the bytes added since `before` (the API cuts the text there).

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgellm.engine.guide_llguidance import GuideBackend
+from edgellm.engine.json_closing import STEER, closing_scores
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, Sample, apply_penalties, sample_row
 from edgellm.engine.slot import Slot
@@ -36,6 +37,16 @@ class TokenStep:
         self.stats = stats
         # Every slot's feed (sampled + forced tokens) must fit in one batch next step.
         self.max_feed = max(1, model.n_batch // n_slots)
+        self._closing_scores: tuple[np.ndarray, np.ndarray] | None = None
+        self.close_json = True  # steer JSON to its end near max_tokens (tools/bench_json_closing.py turns it off)
+
+    @property
+    def closing_scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token closing preference (engine/json_closing.py), computed on first use."""
+        if self._closing_scores is None:
+            scores = closing_scores([self.model.piece(t) for t in range(self.model.n_vocab)])
+            self._closing_scores = scores
+        return self._closing_scores
 
     def advance(self, slot: Slot, rows: list[np.ndarray], r: int) -> tuple[Finish | None, int]:
         """Pick the slot's next token(s) from its logits rows (bitmask row `r`); returns (why it ends or
@@ -69,6 +80,12 @@ class TokenStep:
                 why = slot.guide.error() or "no token allowed"
                 return Finish(FinishReason.ERROR, f"guided decoding reached a dead end ({why})", "generation_failed")
             row[~allowed] = NEG_INF
+            if slot.json is not None and self.close_json:
+                left = params.max_tokens - len(slot.generated)
+                slot.closing = slot.closing or left <= slot.json.tokens_to_close()
+                if slot.closing:  # steer, within the mask, to the shortest valid ending
+                    outside, inside = self.closing_scores
+                    row += STEER * (inside if slot.json.in_string else outside)
         sample = sample_row(row, params, len(slot.generated))
         self.stats.sample_s += time.perf_counter() - t0
         token = sample.token

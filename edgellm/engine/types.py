@@ -91,6 +91,9 @@ class EngineRequest:
     lora_path: str | None = None  # a GGUF LoRA adapter (engine/lora.py makes one from PEFT safetensors)
     lora_scale: float = 1.0
     speculative: bool = True  # False: never draft for this request (TensorRT-Edge-LLM's disable_spec_decode)
+    # Structured output cut by max_tokens is returned as it is, finish "length", not as an error
+    # (the OpenAI route, as OpenAI and llama-server do); the seed endpoints keep their 422.
+    cut_structure_ok: bool = False
     # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).
     media: list[MediaInput] = field(default_factory=list)
 
@@ -140,6 +143,8 @@ class EngineOutput:
     timings: dict[str, float] = field(default_factory=dict)
     cached_tokens: int = 0  # final: prompt tokens whose KV came from the prefix cache (not decoded again)
     stop_cause: StopCause | None = None  # final, with FinishReason.STOP
+    # final: the budget ran short and the JSON was steered to its shortest valid ending (finish "length")
+    truncated_structure: bool = False
 
     @classmethod
     def failure(

@@ -61,10 +61,13 @@ def test_modes_conform_under_concurrency_with_sampling(engine):
     outs = engine.run(batch)
     for i, (g, _) in enumerate(GUIDES + GUIDES[:3]):
         out = outs[f"m{i}"]
-        if out.finish_reason is FinishReason.LENGTH:
+        if out.finish_reason is FinishReason.LENGTH and not out.truncated_structure:
             assert out.error_type == "generation_failed"  # reported as a failure, never as success
             continue
-        assert out.finish_reason is FinishReason.STOP, (out.text, out.error)
+        # Finished, or (JSON) closed the shortest valid way when max_tokens came near: it conforms either way.
+        assert out.error is None and out.finish_reason is (
+            FinishReason.LENGTH if out.truncated_structure else FinishReason.STOP
+        ), (out.text, out.error)
         check(g, out.text)
 
 
@@ -75,7 +78,7 @@ def test_cut_off_structured_output_is_reported_as_failure(engine):
             "Create a person record as JSON.",
             guide=GuideSpec(GuideKind.JSON_SCHEMA, PERSON),
             temperature=0.0,
-            max_tokens=16,
+            max_tokens=4,  # too few even for the shortest valid ending (engine/json_closing.py)
         )
     )
     assert out.finish_reason is FinishReason.LENGTH and out.error_type == "generation_failed"

@@ -225,3 +225,35 @@ def test_openai_parity_empty_assistant_turn_context_length_and_cached_tokens(cli
     again = client.chat.completions.create(model=model_id, messages=ask, max_tokens=2, temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens_details.cached_tokens
     assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
+
+
+def test_structured_output_cut_by_max_tokens_is_200_length_as_openai_does(client, model_id, node):
+    nested = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "tags"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": nested}}
+    messages = [{"role": "user", "content": "Describe a person with many tags."}]
+    r = client.chat.completions.create(model=model_id, messages=messages, response_format=fmt, max_tokens=3)
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content  # the cut text, as it is
+    chunks = list(
+        client.chat.completions.create(
+            model=model_id, messages=messages, response_format=fmt, max_tokens=3, stream=True
+        )
+    )
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    # Eight long required keys: even their shortest ending is over 16 tokens, the seed endpoints' minimum.
+    wide = {
+        "type": "object",
+        "properties": {f"measurement_of_sensor_number_{i}": {"type": "integer"} for i in range(8)},
+        "required": [f"measurement_of_sensor_number_{i}" for i in range(8)],
+    }
+    wide_fmt = {"type": "json_object", "schema": wide}
+    with node.client() as c:  # the seed endpoints keep their 422: the text does not conform
+        seed = c.post("/predict", json={"messages": messages, "response_format": wide_fmt, "max_tokens": 16})
+    assert seed.status_code == 422 and "cut at max_tokens" in seed.json()["result"]["error"]
+    # With a budget closing fits in, the answer parses and says it was closed early.
+    r = client.chat.completions.create(model=model_id, messages=messages, response_format=fmt, max_tokens=24)
+    jsonschema.validate(json.loads(r.choices[0].message.content), nested)
