@@ -11,6 +11,7 @@ request is wrong, or the token is) stops it at once, as do many failures in a ro
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import threading
 import time
@@ -145,6 +146,19 @@ def answer_text(body: Any) -> tuple[str | None, str | None]:
     return None, "the answer holds no text (TEXT_RESPONSE / choices[0].message.content)"
 
 
+def closed_early(raw: bytes) -> bool:
+    """Whether the answer says its JSON was steered to an early end (edgellm's truncated_structure)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return False
+    if isinstance(body, dict) and isinstance(body.get("result"), dict):
+        body = body["result"]
+    outputs = body.get("FULL_OUTPUT") if isinstance(body, dict) else None
+    completion = outputs[0] if isinstance(outputs, list) and outputs else body
+    return isinstance(completion, dict) and completion.get("truncated_structure") is True
+
+
 def _error_of(resp: requests.Response) -> str:
     try:
         body = strict_loads(resp.content)
@@ -215,6 +229,10 @@ class _Client:
                 return _Outcome("failed", error=f"HTTP {code}: the answer is not JSON ({exc})"), None
             if error is not None:  # an error inside a 200 (upstream's WRAPPED habit)
                 return _Outcome("failed", error=f"HTTP {code}: {error}"), None
+            if closed_early(resp.content):
+                # The node closed the JSON the shortest valid way to fit max_tokens: it validates, but its
+                # values are stubs ("", 0, []), not a record worth keeping.
+                return _Outcome("invalid", error="closed early to fit max_tokens (truncated_structure)"), None
             return _Outcome("answer", text=text), None
         error = f"HTTP {code}: {_error_of(resp)}"
         if code == 422:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from edgellm.synth.generator import SynthOptions, answer_text, record_seed
+from edgellm.synth.generator import SynthOptions, answer_text, closed_early, record_seed
 from edgellm.synth.journal import journal_path, open_output
 from edgellm.synth.schema import (
     RecordChecker,
@@ -119,6 +119,20 @@ def test_record_seeds_are_stable_distinct_and_in_range():
 )
 def test_answer_text_understands_wrapped_and_raw(body, expected):
     assert answer_text(body) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"result": {"FULL_OUTPUT": [{"truncated_structure": True}]}}, True),  # WRAPPED seed answer
+        ({"FULL_OUTPUT": [{"choices": []}]}, False),
+        ({"choices": [], "truncated_structure": True}, True),  # an OpenAI body
+        ("not json", False),
+    ],
+)
+def test_a_record_closed_early_to_fit_max_tokens_is_not_kept(body, expected):
+    raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    assert closed_early(raw) is expected
 
 
 @pytest.mark.parametrize(
