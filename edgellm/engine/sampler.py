@@ -56,15 +56,16 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted)))
 
 
-def sample_row(row: np.ndarray, params: SamplingParams, position: int) -> Sample:
-    """`row` is already biased, penalised and masked (disallowed = -inf)."""
+def sample_row(row: np.ndarray, params: SamplingParams, position: int, logprob_row: np.ndarray | None = None) -> Sample:
+    """`row` is already biased, penalised and masked (disallowed = -inf). `logprob_row`: where the
+    logprobs come from when the draw was steered (JSON closing): the model's own masked row."""
     if params.temperature <= 0.0:
         token = int(np.argmax(row))
     else:
         token = _draw(row, params, uniform_for(params.seed, position))
     if params.num_logprobs <= 0:
         return Sample(token, 0.0, [])
-    logp = log_softmax(row)
+    logp = log_softmax(row if logprob_row is None else logprob_row)
     k = min(params.num_logprobs, row.shape[0])
     idx = np.argpartition(-logp, k - 1)[:k]
     idx = idx[np.argsort(-logp[idx], kind="stable")]

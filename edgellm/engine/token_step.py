@@ -70,6 +70,7 @@ class TokenStep:
         """Pick the slot's next token(s) from one logits row; None = continue (slot.pending is set)."""
         params = slot.request.sampling
         t0 = time.perf_counter()
+        unsteered = None
         apply_penalties(row, params, slot.history, slot.generated)
         if slot.guide is not None:
             g0 = time.perf_counter()
@@ -85,8 +86,10 @@ class TokenStep:
                 slot.closing = slot.closing or left <= slot.json.tokens_to_close()
                 if slot.closing:  # steer, within the mask, to the shortest valid ending
                     outside, inside = self.closing_scores
+                    if params.num_logprobs > 0:
+                        unsteered = row.copy()  # logprobs stay the model's, not the steering's
                     row += STEER * (inside if slot.json.in_string else outside)
-        sample = sample_row(row, params, len(slot.generated))
+        sample = sample_row(row, params, len(slot.generated), unsteered)
         self.stats.sample_s += time.perf_counter() - t0
         token = sample.token
         if slot.first_token_at is None:

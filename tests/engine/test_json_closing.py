@@ -100,3 +100,13 @@ def test_when_even_the_shortest_ending_does_not_fit_the_request_is_cut(engine):
     )
     out = engine.one(cut_ok)
     assert out.error is None and out.finish_reason is FinishReason.LENGTH and not out.truncated_structure
+
+
+def test_logprobs_of_steered_tokens_are_the_models_own(engine):
+    sampling = SamplingParams(temperature=0.2, seed=1, max_tokens=60, num_logprobs=2)
+    guide = GuideSpec(GuideKind.JSON_SCHEMA, NESTED)
+    out = engine.one(EngineRequest("lp", RAMBLE, sampling, guide=guide, cache_lookup=False))
+    assert out.error is None and out.truncated_structure
+    # Steering picks closers the model did not favour: their logprobs say so (a steered draw is not ~0).
+    assert min(e.logprob for e in out.logprobs) < -1.0
+    assert all(e.logprob <= 0.0 and e.top_logprobs for e in out.logprobs)
