@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.api.registry import RequestStatus
 from edgellm.api.results import build_result, status_of
-from edgellm.api.service import Outcome
+from edgellm.api.service import Outcome, check_vocabulary, engine_request
 from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest
@@ -248,7 +248,7 @@ def _jobs(
                 raise InvalidRequest("REQUEST_ID is required: the answer is matched to its request by it")
             if rid in seen:
                 raise InvalidRequest(f"REQUEST_ID {rid!r} appears twice in one batch", param="request_id")
-            _check_vocab(request, n_vocab)
+            check_vocabulary(request, n_vocab)
             if request.has_media:  # data: URLs only here (a Ratio1 payload names no local folders)
                 caps = MediaCaps.from_dict(scheduler.media_caps()) if hasattr(scheduler, "media_caps") else None
                 request.with_media(*load_content(request.messages, caps, MediaSources(), MediaLimits()))
@@ -263,25 +263,7 @@ def _jobs(
 
 def _engine_request(engine_id: str, request: ChatRequest) -> EngineRequest:
     seed = request.seed if request.seed is not None else secrets.randbits(64)
-    messages, media = request.engine_messages()
-    return EngineRequest(
-        request_id=engine_id,
-        messages=messages,
-        media=media,
-        sampling=request.sampling(seed),
-        guide=request.guide,
-        deadline=time.time() + request.timeout,
-        speculative=not request.disable_spec_decode,
-    )
-
-
-def _check_vocab(request: ChatRequest, n_vocab: int | None) -> None:
-    if n_vocab and request.logit_bias:
-        bad = [t for t in request.logit_bias if t >= n_vocab]
-        if bad:
-            raise InvalidRequest(
-                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
-            )
+    return engine_request(engine_id, request, seed, created_at=time.time())  # as the node's own dispatch
 
 
 def _generate(
