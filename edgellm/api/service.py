@@ -255,10 +255,14 @@ class Service:
     async def _load_media(self, request: ChatRequest) -> ChatRequest:
         if not request.has_media:
             return request
-        if self.in_flight() >= self.config.max_queued:  # refuse before decoding: pixels are memory
+        self._refuse_when_full()  # before decoding: pixels are memory
+        return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
+
+    def _refuse_when_full(self) -> None:
+        """429 when max_queued requests are in flight (counted as rejected)."""
+        if self.in_flight() >= self.config.max_queued:
             self.instruments.count("rejected")
             raise QueueFull(f"too many requests in flight ({self.config.max_queued}); retry shortly", retry_after_s=2)
-        return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
 
     def media_info(self) -> dict[str, Any]:
         """What the engine's projector takes ({} while the engine has not reported)."""
@@ -293,11 +297,7 @@ class Service:
                 "full?); new requests are refused until they are stored"
             )
         with self._lock:
-            if self.in_flight() >= self.config.max_queued:
-                self.instruments.count("rejected")
-                raise QueueFull(
-                    f"too many requests in flight ({self.config.max_queued}); retry shortly", retry_after_s=2
-                )
+            self._refuse_when_full()
             self._registering += 1
         try:
             request_id = request.request_id or uuid.uuid4().hex
