@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgellm.api.validation import MAX_MESSAGES, MAX_METADATA_BYTES, MAX_PROMPT_BYTES
+from edgellm.api.validation import MAX_MESSAGES, MAX_METADATA_BYTES, MAX_PROMPT_BYTES, MAX_SAMPLES
 
 
 class MessageBody(BaseModel):
@@ -50,6 +50,7 @@ class ChatRequestBody(BaseModel):
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100], <= 1024")
     num_logprobs: int = Field(0, ge=0, le=50)
     disable_spec_decode: bool = Field(False, description="no speculative drafts (the output is the same)")
+    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="samples of the prompt (one prefill); sample i uses seed + i")
     response_format: dict[str, Any] | str | None = Field(
         None, description="json_object (optional schema) or json_schema (json_schema.schema or schema)"
     )

@@ -108,6 +108,7 @@ class _LiveCollector:
         for key, help_text in (
             ("steps", "Engine decode steps"),
             ("reused_tokens", "Prompt tokens skipped thanks to a cached prefix"),
+            ("shared_prompt_tokens", "Prompt tokens of n > 1 samples copied from another sample's KV cache"),
         ):
             if key in engine:
                 yield CounterMetricFamily(f"edgellm_engine_{key}", help_text, value=engine[key])

@@ -21,7 +21,7 @@ from edgellm.api.validation import (
 from edgellm.errors import EdgeLLMError, InvalidRequest, UnknownRequest
 
 # Accepted and ignored: they change nothing about generation on a local node.
-IGNORED_FIELDS = frozenset({"user", "store", "service_tier", "parallel_tool_calls", "metadata", "n", "stream_options"})
+IGNORED_FIELDS = frozenset({"user", "store", "service_tier", "parallel_tool_calls", "metadata", "stream_options"})
 UNSUPPORTED_FIELDS = frozenset(
     {
         "tools",
@@ -42,6 +42,7 @@ MAPPED_FIELDS = frozenset(
     {
         "model",
         "messages",
+        "n",
         "temperature",
         "top_p",
         "max_tokens",
@@ -112,9 +113,6 @@ def parse_openai_request(
         raise InvalidRequest("you must provide a model parameter", param="model")
     if model != model_id:
         raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise InvalidRequest(f"n must be 1 on this server, got {show(n)}", param="n")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")
@@ -143,6 +141,7 @@ def parse_openai_request(
             "min_p",
             "repeat_penalty",
             "timeout",
+            "n",
         )
         if k in body
     }
@@ -202,9 +201,10 @@ def completion_body(result: dict[str, Any], opts: OpenAIOptions) -> dict[str, An
     full = dict(result["FULL_OUTPUT"][0])
     full.pop("timings", None)
     full["system_fingerprint"] = "edgellm"
-    choice = dict(full["choices"][0])
-    choice["logprobs"] = logprobs_body((choice.get("logprobs") or {}).get("content", []), opts)
-    full["choices"] = [choice]
+    full["choices"] = [
+        {**choice, "logprobs": logprobs_body((choice.get("logprobs") or {}).get("content", []), opts)}
+        for choice in full["choices"]
+    ]
     return full
 
 
@@ -218,6 +218,7 @@ def chunk_body(
     *,
     no_choices: bool = False,
     logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": f"chatcmpl-{request_id}",
@@ -227,7 +228,7 @@ def chunk_body(
         "system_fingerprint": "edgellm",
         "choices": []
         if no_choices
-        else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        else [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if usage is not None:
         body["usage"] = usage

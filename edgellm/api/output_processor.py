@@ -9,6 +9,7 @@ Every route (seed endpoints, OpenAI, streaming or not) reads the same `RequestOu
 from __future__ import annotations
 
 import codecs
+import dataclasses
 from dataclasses import dataclass, field
 
 from edgellm.engine.types import EngineOutput, FinishReason, StopCause, TokenLogprob
@@ -33,6 +34,10 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_cause: StopCause | None = None  # with FinishReason.STOP: end-of-sequence, stop string or grammar
     truncated_structure: bool = False  # the budget ran short: the JSON was closed the shortest valid way
+    index: int = 0  # which of the request's n samples `delta` belongs to
+    # final, n > 1: every sample's final output, by index; the fields above are sample 0's (the
+    # failure's, when one failed), with the token counts of the whole request.
+    choices: list[RequestOutput] | None = None
 
 
 class _TextState:
@@ -73,6 +78,7 @@ class _TextState:
             cached_tokens=out.cached_tokens,
             stop_cause=cause,
             truncated_structure=out.truncated_structure,
+            index=out.index,
         )
 
     def _cut_at_stop(self, before: int) -> None:
@@ -86,19 +92,51 @@ class _TextState:
 
 
 class OutputProcessor:
-    """Per-request text state, keyed by request id; created at dispatch, dropped at the final output."""
+    """Per-sample text state, keyed by request id and sample index; created at dispatch, dropped at
+    the request's final output."""
 
     def __init__(self) -> None:
-        self._states: dict[str, _TextState] = {}
+        self._states: dict[str, dict[int, _TextState]] = {}
+        self._stops: dict[str, list[str]] = {}
 
     def add_request(self, request_id: str, stop: list[str]) -> None:
-        self._states[request_id] = _TextState(stop)
+        self._stops[request_id] = list(stop)
+        self._states[request_id] = {}
+
+    def _state(self, request_id: str, index: int) -> _TextState:
+        states = self._states.setdefault(request_id, {})
+        if index not in states:
+            states[index] = _TextState(self._stops.get(request_id, []))
+        return states[index]
 
     def process(self, out: EngineOutput) -> RequestOutput:
-        state = self._states.get(out.request_id) or self._states.setdefault(out.request_id, _TextState([]))
+        if out.choices is None:
+            result = self._state(out.request_id, out.index).add(out)
+        else:
+            result = self._samples(out)
         if out.finished:
             self._states.pop(out.request_id, None)
-        return state.add(out)
+            self._stops.pop(out.request_id, None)
+        return result
+
+    def _samples(self, out: EngineOutput) -> RequestOutput:
+        """The final output of an n > 1 request: each sample's own, plus the request's view."""
+        choices = [self._state(out.request_id, c.index).add(c) for c in out.choices]
+        head = choices[0]
+        failed = out.error is not None or out.finish_reason in (FinishReason.TIMEOUT, FinishReason.ABORT)
+        return dataclasses.replace(
+            head,
+            delta="",  # each sample's last text is in its own entry of `choices`
+            new_logprobs=[],
+            finish_reason=out.finish_reason if failed else head.finish_reason,
+            stop_cause=out.stop_cause if failed else head.stop_cause,
+            error=out.error,
+            error_type=out.error_type,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            choices=choices,
+        )
 
     def __len__(self) -> int:
         """Requests still being assembled (the Ratio1 drain checks that none is left behind)."""

@@ -11,20 +11,13 @@ from edgellm.engine.types import FinishReason
 
 
 def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[str, Any]:
-    logprobs = {"content": [lp.to_dict() for lp in out.logprobs]} if out.logprobs is not None else None
+    samples = out.choices or [out]  # n > 1: one entry per sample, in index order
     completion = {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model_name,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": out.text},
-                "logprobs": logprobs,
-                "finish_reason": out.finish_reason.value if out.finish_reason else None,
-            }
-        ],
+        "choices": [_choice(i, sample) for i, sample in enumerate(samples)],
         "usage": usage_of(out),
         "timings": {k: round(v, 3) for k, v in out.timings.items()},
     }
@@ -33,9 +26,22 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
     return {
         "REQUEST_ID": request_id,
         "MODEL_NAME": model_name,
-        "TEXT_RESPONSE": [out.text],
+        "TEXT_RESPONSE": [sample.text for sample in samples],
         "FULL_OUTPUT": [completion],
     }
+
+
+def _choice(index: int, sample: RequestOutput) -> dict[str, Any]:
+    logprobs = {"content": [lp.to_dict() for lp in sample.logprobs]} if sample.logprobs is not None else None
+    choice = {
+        "index": index,
+        "message": {"role": "assistant", "content": sample.text},
+        "logprobs": logprobs,
+        "finish_reason": sample.finish_reason.value if sample.finish_reason else None,
+    }
+    if sample.truncated_structure and index:  # sample 0's flag is the completion's own (above)
+        choice["truncated_structure"] = True
+    return choice
 
 
 def usage_of(out: RequestOutput) -> dict[str, Any]:

@@ -166,6 +166,7 @@ def engine_request(
         stream=stream,
         speculative=not request.disable_spec_decode,
         cut_structure_ok=request.cut_structure_ok,
+        n=request.n,
     )
 
 

@@ -35,6 +35,7 @@ TEMPERATURE_MIN, TEMPERATURE_MAX = 0.0, 1.5
 MIN_COMPLETION_TOKENS, MAX_COMPLETION_TOKENS = 16, 4096
 # metadata is stored as-is and returned by return_full: it must serialise, now and later.
 MAX_METADATA_BYTES = 64 * 1024
+MAX_SAMPLES = 16  # `n`: samples of one prompt (each takes a slot while it generates)
 MAX_METADATA_DEPTH = 32
 # Schemas nest a few levels in practice; the bound keeps every later walk (json.dumps, llguidance) off
 # Python's recursion limit.
@@ -57,6 +58,7 @@ SAMPLING_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "disable_spec_decode",
+    "n",
 )
 KNOWN_FIELDS = frozenset(
     {
@@ -101,6 +103,7 @@ class ChatRequest(BaseModel):
     request_id: str | None = None
     timeout: float = 600.0
     disable_spec_decode: bool = False  # no speculative drafts for this request (its output is the same)
+    n: int = 1  # samples of the prompt, sharing its prefill; sample i draws with seed + i
     # Set by the OpenAI route: structured output cut by max_tokens is a 200 with finish "length" there.
     cut_structure_ok: bool = False
 
@@ -219,6 +222,7 @@ def parse_chat_request(
         request_id=_request_id(body),
         timeout=_number(body, "timeout", default_timeout, 0.0, max_timeout, low_open=True),
         disable_spec_decode=_flag(body, "disable_spec_decode"),
+        n=_integer(body, "n", 1, 1, MAX_SAMPLES),
     )
     try:
         return ChatRequest(**fields)

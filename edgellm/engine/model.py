@@ -370,6 +370,19 @@ class LlamaModel:
         L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         return keep == 0
 
+    def copy_sequence(self, src: int, dst: int, keep: int) -> bool:
+        """Make sequence `dst` hold positions [0, keep) of sequence `src` (n > 1 samples share one prefill).
+
+        Each slot has its own KV stream, and llama.cpp copies between streams only whole: the copy
+        is queued for the start of the next llama_decode, then the positions >= keep are dropped from
+        `dst`. False where the memory cannot drop a suffix (recurrent, SWA): `dst` is left empty then.
+        """
+        L.llama_memory_seq_rm(self.memory, dst, -1, -1)
+        if not self.partial_trim:
+            return False
+        L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+        return self.trim_sequence(dst, keep)
+
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes (generation and prompt batches alike)."""
         L.llama_set_n_threads(self.ctx, n, n)

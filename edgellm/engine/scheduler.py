@@ -21,6 +21,7 @@ from edgellm.engine.draft import propose
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import MediaCollector, Projector
+from edgellm.engine.samples import SampleGroup
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
@@ -58,6 +59,7 @@ class Scheduler:
         # every other request's preparation.
         self._preparer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
         self._aborted: set[str] = set()
+        self.groups: list[SampleGroup] = []  # n > 1 requests with samples still to finish
         self.stats = StepStats()
         self.token_step = TokenStep(model, self.guides, self.stats, model.n_slots)
         self.threads = ThreadGovernor(model.n_threads, model.set_threads)
@@ -81,8 +83,8 @@ class Scheduler:
         self.waiting.append(PreparedRequest(request, self._preparer.submit(self._prepare, request)))
         return None
 
-    def _prepare(self, request: EngineRequest) -> tuple[Prompt, Guide | None]:
-        """Prompt (tokens, media chunks) and compiled guide of one request; raises EdgeLLMError for the
+    def _prepare(self, request: EngineRequest) -> tuple[Prompt, list[Guide | None]]:
+        """Prompt (tokens, media chunks) and a compiled guide per sample; raises EdgeLLMError for the
         caller's mistakes. Images are resized / audio turned into log-mel frames here, off the step loop."""
         room = self.model.slot_ctx - 1
         if request.media and self.projector is None:
@@ -117,18 +119,18 @@ class Scheduler:
         media = collector.spans(prompt) if collector is not None else []
         if media and media[-1].end == len(prompt):
             raise InvalidRequest(f"the prompt ends with {media[-1].kind} input; put text after it")
-        guide = self.guides.compile(request.guide) if request.guide is not None else None
-        return Prompt(prompt, media), guide
+        guides = [self.guides.compile(request.guide) if request.guide is not None else None for _ in range(request.n)]
+        return Prompt(prompt, media), guides
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(s.state is not SlotState.IDLE for s in self.slots)
+        return self.can_step() or bool(self.waiting)
 
     def can_step(self) -> bool:
         """True when step() has something to do now (not just requests still being prepared)."""
-        if any(s.state is not SlotState.IDLE for s in self.slots):
+        if any(s.state is not SlotState.IDLE for s in self.slots) or any(g.unstarted for g in self.groups):
             return True
         return any(p.ready for p in self.waiting)
 
@@ -143,7 +145,7 @@ class Scheduler:
         return {
             "slots_total": len(self.slots),
             "slots_busy": busy,
-            "waiting": len(self.waiting),
+            "waiting": len(self.waiting) + sum(len(g.unstarted) for g in self.groups),
             "n_threads": self.threads.current,
             "thread_switches": self.threads.switches,
         }
@@ -183,7 +185,7 @@ class Scheduler:
         for seq_id, error in failed.items():
             slot = self.slots[seq_id]
             log.error("decode failed for slot %d (request %s): %s", seq_id, slot.request_id, error)
-            outputs.append(self._finish(slot, Finish(FinishReason.ERROR, error, "engine_error")))
+            self._emit(outputs, self._finish(slot, Finish(FinishReason.ERROR, error, "engine_error")))
             self.model.trim_sequence(seq_id, 0)  # its KV state is unknown now
             slot.cached = []
         for slot, n in plan.prefill:
@@ -191,6 +193,8 @@ class Scheduler:
                 slot.n_prefilled += n
                 slot.n_past += n
                 self.stats.prompt_tokens += n
+                if slot.n_prefilled == len(slot.prompt):
+                    slot.prompt_end = slot.n_past  # other samples of its request may copy the prompt's KV now
         for slot in plan.decoding:
             if slot.seq_id not in failed:
                 # the tokens fed this step are in the KV cache now (drafts too, until rejected ones are cut)
@@ -208,7 +212,7 @@ class Scheduler:
                 accepted = len(slot.drafts)
             self._settle_drafts(slot, accepted)
             if finish is not None:
-                outputs.append(self._finish(slot, finish))
+                self._emit(outputs, self._finish(slot, finish))
                 continue
             slot.state = SlotState.DECODE
             if slot.request.stream and (delta := slot.take_delta(final=False)) is not None:
@@ -327,7 +331,11 @@ class Scheduler:
             if slot.state is not SlotState.IDLE:
                 reason = self._cancel_reason(slot.request, now)
                 if reason is not None:
-                    outputs.append(self._finish(slot, Finish(reason, _cancel_text(reason))))
+                    self._emit(outputs, self._finish(slot, Finish(reason, _cancel_text(reason))))
+        for group in [g for g in self.groups if g.unstarted]:
+            reason = self._cancel_reason(group.request, now)
+            if reason is not None:
+                self._emit(outputs, self._group_done(group, group.cancel_unstarted(reason, _cancel_text(reason))))
         self._aborted.clear()
 
     def _cancel_reason(self, request: EngineRequest, now: float) -> FinishReason | None:
@@ -344,14 +352,19 @@ class Scheduler:
             outputs.append(_preparation_failure(prepared))
         while True:
             idle = [s for s in self.slots if s.state is SlotState.IDLE]
-            prepared = next((p for p in self.waiting if p.ready), None) if idle else None
+            if not idle:
+                return
+            if self._start_sample(idle):  # samples of a running n > 1 request go before new requests
+                continue
+            prepared = next((p for p in self.waiting if p.ready), None)
             if prepared is None:
                 return
             adapter = _adapter_key(prepared.request)
             if adapter != self._adapter:
                 # A LoRA adapter applies to the whole context: switch only once every slot is done with
-                # the current one. Requests behind this one wait too, so it cannot be starved.
-                if len(idle) < len(self.slots):
+                # the current one (and no sample of an n > 1 request still waits for a slot under it).
+                # Requests behind this one wait too, so it cannot be starved.
+                if len(idle) < len(self.slots) or any(g.unstarted for g in self.groups):
                     return
                 try:
                     self._activate_adapter(adapter)
@@ -364,33 +377,89 @@ class Scheduler:
                 # Its preparation failed after the check above (the prepare pool runs concurrently).
                 outputs.append(_preparation_failure(prepared))
                 continue
-            prepared_prompt, guide = prepared.future.result()
-            prompt = prepared.prompt = prepared_prompt.tokens
+            prepared_prompt, guides = prepared.future.result()
+            prepared.prompt = prepared_prompt.tokens
             prepared.media = prepared_prompt.media
-            # The idle slot whose cached tokens share the longest prefix with this prompt; at least
-            # one prompt token is always decoded again, to get the logits of the first output. KV
-            # computed under another adapter is not this request's: only same-adapter caches count.
-            lookup = prepared.request.cache_lookup
-            shared, slot = max(
-                ((s.common_prefix(prompt) if lookup and s.cached_adapter == adapter else 0, s) for s in idle),
-                key=lambda pair: pair[0],
-            )
-            reused = min(shared, len(prompt) - 1)
-            # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
-            reused = next((m.start for m in prepared.media if m.start < reused < m.end), reused)
-            if not self.model.trim_sequence(slot.seq_id, reused):
-                reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
+            group = None
+            if prepared.request.n > 1:
+                group = SampleGroup(prepared, guides)
+                self.groups.append(group)
+            self._place(prepared, guides[0], idle, group=group)
+
+    def _place(
+        self, prepared: PreparedRequest, guide: Guide | None, idle: list[Slot], *, group=None, index: int = 0
+    ) -> None:
+        """Start a request (or one sample of it) in the idle slot whose cache shares most of its prompt."""
+        prompt = prepared.prompt
+        adapter = self._adapter
+        # The idle slot whose cached tokens share the longest prefix with this prompt; at least
+        # one prompt token is always decoded again, to get the logits of the first output. KV
+        # computed under another adapter is not this request's: only same-adapter caches count.
+        lookup = prepared.request.cache_lookup
+        shared, slot = max(
+            ((s.common_prefix(prompt) if lookup and s.cached_adapter == adapter else 0, s) for s in idle),
+            key=lambda pair: pair[0],
+        )
+        reused = min(shared, len(prompt) - 1)
+        # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
+        reused = next((m.start for m in prepared.media if m.start < reused < m.end), reused)
+        if not self.model.trim_sequence(slot.seq_id, reused):
+            reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
+            slot.cached = []
+        request = group.sample_request(index) if group is not None else None
+        slot.start(prepared, guide, reused, request=request, group=group, index=index)
+        slot.cached_adapter = adapter
+        self.stats.reused_tokens += reused
+        log.debug(
+            "slot %d admits request %s (sample %d, %d prompt tokens, %d reused)",
+            slot.seq_id,
+            slot.request_id,
+            index,
+            len(slot.prompt),
+            reused,
+        )
+
+    def _start_sample(self, idle: list[Slot]) -> bool:
+        """Start the next waiting sample of an n > 1 request in an idle slot; False when none can start.
+
+        It gets a copy of the prompt's KV from a running sample (the prompt is decoded once); while the
+        first sample is still prefilling, the others wait for it rather than prefill the prompt again.
+        """
+        for group in self.groups:
+            if not group.unstarted:
+                continue
+            source = group.source(self.slots)
+            if source is None and group.live(self.slots):
+                continue  # the prompt is still being prefilled
+            index = group.unstarted.popleft()
+            prepared, guide = group.prepared, group.guides[index]
+            keep = len(prepared.prompt) - 1
+            slot = idle[0]
+            if source is not None and self.model.copy_sequence(source.seq_id, slot.seq_id, source.prompt_end - 1):
+                slot.start(
+                    prepared,
+                    guide,
+                    keep,
+                    request=group.sample_request(index),
+                    past=source.prompt_end - 1,
+                    group=group,
+                    index=index,
+                )
+                slot.cached_adapter = source.cached_adapter
                 slot.cached = []
-            slot.start(prepared, guide, reused)
-            slot.cached_adapter = adapter
-            self.stats.reused_tokens += reused
-            log.debug(
-                "slot %d admits request %s (%d prompt tokens, %d reused)",
-                slot.seq_id,
-                slot.request_id,
-                len(slot.prompt),
-                reused,
-            )
+                self.stats.shared_prompt_tokens += keep
+                log.debug(
+                    "slot %d starts sample %d of request %s from slot %d's prompt KV",
+                    slot.seq_id,
+                    index,
+                    slot.request_id,
+                    source.seq_id,
+                )
+            else:
+                # No sample holds the prompt any more (all finished, or the first failed): an ordinary admission.
+                self._place(prepared, guide, idle, group=group, index=index)
+            return True
+        return False
 
     def _activate_adapter(self, adapter: tuple[str, float] | None) -> None:
         from edgellm.engine.lora import AdapterCache  # only requests that name an adapter load the module
@@ -402,7 +471,9 @@ class Scheduler:
         self._adapter = adapter
         log.info("LoRA adapter now %s", f"{path} (scale {scale})" if path else "none")
 
-    def _finish(self, slot: Slot, finish: Finish) -> EngineOutput:
+    def _finish(self, slot: Slot, finish: Finish) -> EngineOutput | None:
+        """End the request in `slot`: its final output (None for a sample of an n > 1 request whose
+        other samples are not all done yet)."""
         reason, error, error_type = finish.reason, finish.error, finish.error_type
         now = time.monotonic()
         first = slot.first_token_at or now
@@ -450,8 +521,20 @@ class Scheduler:
         }
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
+        group = slot.group
         slot.reset(commit=slot.request.cache_commit)
-        return out
+        return out if group is None else self._group_done(group, group.finish(out))
+
+    def _group_done(self, group: SampleGroup, combined: EngineOutput | None) -> EngineOutput | None:
+        """An n > 1 request's final output, once its last sample has ended (None until then)."""
+        if combined is not None:
+            self.groups.remove(group)
+        return combined
+
+    @staticmethod
+    def _emit(outputs: list[EngineOutput], out: EngineOutput | None) -> None:
+        if out is not None:
+            outputs.append(out)
 
     def media_caps(self) -> dict:
         caps = self.projector.caps if self.projector is not None else MediaCaps()

@@ -6,12 +6,16 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from edgellm.engine.draft import DraftLength
 from edgellm.engine.guide_llguidance import Guide
 from edgellm.engine.json_closing import JsonDepth, required_keys
 from edgellm.engine.projector import MediaSpan
 from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, GuideKind, TokenLogprob
+
+if TYPE_CHECKING:
+    from edgellm.engine.samples import SampleGroup
 
 
 class SlotState(Enum):
@@ -30,10 +34,10 @@ class Prompt:
 
 @dataclass
 class PreparedRequest:
-    """A request waiting for a slot; `future` (prompt, compiled guide) resolves off the step loop."""
+    """A request waiting for a slot; `future` (prompt, a compiled guide per sample) resolves off the step loop."""
 
     request: EngineRequest
-    future: Future[tuple[Prompt, Guide | None]]
+    future: Future[tuple[Prompt, list[Guide | None]]]
     queued_at: float = field(default_factory=time.monotonic)
     prompt: list[int] = field(default_factory=list)  # set from the future at admission
     media: list[MediaSpan] = field(default_factory=list)
@@ -53,6 +57,8 @@ class Slot:
         self.cached: list[int] = []
         self.cached_adapter: tuple[str, float] | None = None  # the LoRA adapter `cached` was computed under
         self.media: list[MediaSpan] = []
+        self.group: SampleGroup | None = None  # the n > 1 request this slot generates a sample of
+        self.index = 0  # which sample
 
     def common_prefix(self, prompt: list[int]) -> int:
         n = 0
@@ -62,35 +68,49 @@ class Slot:
             n += 1
         return n
 
-    def start(self, prepared: PreparedRequest, guide: Guide | None, reused: int = 0) -> None:
-        self.request = prepared.request
+    def start(
+        self,
+        prepared: PreparedRequest,
+        guide: Guide | None,
+        reused: int = 0,
+        *,
+        request: EngineRequest | None = None,
+        past: int | None = None,
+        group: SampleGroup | None = None,
+        index: int = 0,
+    ) -> None:
+        """`request`: sample `index` of `group`'s (its own seed); `past`: the position after the
+        `reused` prompt entries when it is not `reused` (KV copied from a sample with media)."""
+        self.request = request or prepared.request
+        self.group, self.index = group, index
         self.state = SlotState.PREFILL
         self.prompt = prepared.prompt
         self.media = prepared.media
         self.n_prefilled = reused  # prompt entries whose KV is in the sequence
-        self.n_past = reused  # the next position (behind n_prefilled under M-RoPE, where media use fewer)
+        self.n_past = reused if past is None else past  # the next position (behind n_prefilled under M-RoPE)
+        self.prompt_end: int | None = None  # n_past once the whole prompt is in the KV cache
         self.reused = reused
         self.guide = guide
         self.generated: list[int] = []
         # Media stand-ins are not tokens: penalties see only the text around them.
-        self.history: list[int] = [t for t in prepared.prompt[-prepared.request.sampling.repeat_last_n :] if t >= 0]
+        self.history: list[int] = [t for t in prepared.prompt[-self.request.sampling.repeat_last_n :] if t >= 0]
         self.data = bytearray()  # raw bytes of every generated token (stop strings are matched on them)
         self.emitted_bytes = 0  # of `data`, already reported in an output
         self.emitted_logprobs = 0  # of `logprobs`, already reported
         self.emitted_tokens = 0  # of `generated`, already reported
-        self.logprobs: list[TokenLogprob] | None = [] if prepared.request.sampling.num_logprobs > 0 else None
+        self.logprobs: list[TokenLogprob] | None = [] if self.request.sampling.num_logprobs > 0 else None
         self.pending: list[int] = []  # tokens to decode next step: the last sampled one + forced ones
         self.drafts: list[int] = []  # this step's speculative tokens, fed after `pending`
-        guide_kind = prepared.request.guide.kind if prepared.request.guide is not None else None
+        guide_kind = self.request.guide.kind if self.request.guide is not None else None
         # JSON output is followed so that it can be closed within max_tokens (engine/json_closing.py).
         if guide_kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
-            schema = prepared.request.guide.spec if guide_kind is GuideKind.JSON_SCHEMA else None
+            schema = self.request.guide.spec if guide_kind is GuideKind.JSON_SCHEMA else None
             self.json: JsonDepth | None = JsonDepth(required_keys(schema))
         else:
             self.json = None
         self.closing = False  # steering to the shortest valid ending is on
         self.draft_len = DraftLength()
-        self._stops = [s.encode("utf-8", "surrogatepass") for s in prepared.request.sampling.stop if s]
+        self._stops = [s.encode("utf-8", "surrogatepass") for s in self.request.sampling.stop if s]
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
@@ -141,7 +161,7 @@ class Slot:
             logprobs = self.logprobs[self.emitted_logprobs :]
             self.emitted_logprobs = len(self.logprobs)
         self.emitted_tokens, self.emitted_bytes = len(self.generated), len(self.data)
-        return EngineOutput(self.request_id, final, token_ids=tokens, data=data, logprobs=logprobs)
+        return EngineOutput(self.request_id, final, token_ids=tokens, data=data, logprobs=logprobs, index=self.index)
 
     def reset(self, *, commit: CacheCommit) -> None:
         """Free the slot; `commit` says which of its tokens later requests may reuse from its KV."""
@@ -159,3 +179,4 @@ class Slot:
         self.state = SlotState.IDLE
         self.request = None
         self.guide = None
+        self.group = None

@@ -14,6 +14,7 @@ class StepStats:
     sample_s: float = 0.0
     prompt_tokens: int = 0  # prompt tokens decoded
     reused_tokens: int = 0  # prompt tokens skipped thanks to a cached prefix
+    shared_prompt_tokens: int = 0  # prompt tokens of n > 1 samples copied from another sample's KV
     generated_tokens: int = 0
     drafted_tokens: int = 0  # speculative draft tokens verified
     accepted_tokens: int = 0  # of those, kept (each one a decode step saved)
@@ -28,6 +29,7 @@ class StepStats:
             "steps": self.steps,
             "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens,
+            "shared_prompt_tokens": self.shared_prompt_tokens,
             "generated_tokens": self.generated_tokens,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,

@@ -96,6 +96,9 @@ class EngineRequest:
     cut_structure_ok: bool = False
     # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).
     media: list[MediaInput] = field(default_factory=list)
+    # Samples of this prompt (OpenAI `n`): the prompt is decoded once and its KV copied to n slots;
+    # sample i draws with seed + i, so sample 0 is what the same request with n = 1 gives.
+    n: int = 1
 
     @property
     def media_parts(self) -> bool:
@@ -145,6 +148,10 @@ class EngineOutput:
     stop_cause: StopCause | None = None  # final, with FinishReason.STOP
     # final: the budget ran short and the JSON was steered to its shortest valid ending (finish "length")
     truncated_structure: bool = False
+    index: int = 0  # which of the request's n samples this output is about
+    # final, n > 1: each sample's own final output, by index; the fields above then describe the
+    # request (finish_reason, error and timings of sample 0 or the first failed one; token counts summed).
+    choices: list[EngineOutput] | None = None
 
     @classmethod
     def failure(

@@ -66,7 +66,7 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
         except EdgeLLMError as exc:
             return _error(exc)
         return StreamingResponse(
-            _events(service, request_id, first, outputs, opts),
+            _events(service, request_id, first, outputs, opts, chat.n),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -80,27 +80,37 @@ def raise_for_failure(out: RequestOutput) -> None:
 
 
 async def _events(
-    service: Service, request_id: str, first: RequestOutput, outputs: AsyncIterator[RequestOutput], opts: OpenAIOptions
+    service: Service,
+    request_id: str,
+    first: RequestOutput,
+    outputs: AsyncIterator[RequestOutput],
+    opts: OpenAIOptions,
+    n: int,
 ) -> AsyncIterator[str]:
+    """SSE chunks; with n > 1 samples, each chunk names its sample's index (chunks of samples interleave)."""
     created, model = now(), service.model_name
     done = False
 
-    def content_chunk(text: str, entries: list) -> str:
-        lp = logprobs_body([e.to_dict() for e in entries], opts)
-        return _sse(chunk_body(request_id, model, created, {"content": text}, logprobs=lp))
+    def content_chunk(out: RequestOutput) -> str:
+        lp = logprobs_body([e.to_dict() for e in out.new_logprobs], opts)
+        return _sse(chunk_body(request_id, model, created, {"content": out.delta}, logprobs=lp, index=out.index))
 
     try:
-        yield _sse(chunk_body(request_id, model, created, {"role": "assistant", "content": ""}))
+        for index in range(n):
+            yield _sse(chunk_body(request_id, model, created, {"role": "assistant", "content": ""}, index=index))
         out = first
         while True:
             if out.delta or out.new_logprobs:
-                yield content_chunk(out.delta, out.new_logprobs)
+                yield content_chunk(out)
             if out.finished:
                 break
             out = await anext(outputs)
         status, error, error_type = status_of(out)
         if status.value == "completed":
-            yield _sse(chunk_body(request_id, model, created, {}, out.finish_reason.value))
+            for sample in out.choices or [out]:
+                if out.choices and (sample.delta or sample.new_logprobs):
+                    yield content_chunk(sample)  # a sample's last text comes with the request's end
+                yield _sse(chunk_body(request_id, model, created, {}, sample.finish_reason.value, index=sample.index))
         else:
             yield _sse({"error": {"message": error, "type": "server_error", "param": None, "code": error_type}})
         if opts.include_usage:

@@ -286,3 +286,23 @@ def test_openapi_document_lists_every_route(node):
         "/v1/chat/completions",
         "/v1/models",
     } <= paths
+
+
+def test_extras_n_returns_one_text_per_sample_sync_and_async(node):
+    body = chat("What is the capital of France? Answer with one word.", temperature=0.9, seed=4, max_tokens=16)
+    with node.client() as c:
+        r = c.post("/create_chat_completion", json={**body, "extras": {"n": 3}})
+        assert r.status_code == 200, r.text
+        result = r.json()["result"]
+        full = result["FULL_OUTPUT"][0]
+        assert len(result["TEXT_RESPONSE"]) == 3 == len(full["choices"])
+        assert [ch["index"] for ch in full["choices"]] == [0, 1, 2]
+        assert [ch["message"]["content"] for ch in full["choices"]] == result["TEXT_RESPONSE"]
+        assert full["usage"]["completion_tokens"] >= 3
+        # Async: the same request (same seed) gives the same samples, also after a poll.
+        submitted = c.post("/create_chat_completion_async", json={**body, "n": 3})
+        assert submitted.status_code == 200, submitted.text
+        polled = poll(c, submitted.json()["result"]["request_id"])
+        assert polled["result"]["TEXT_RESPONSE"] == result["TEXT_RESPONSE"]
+        bad = c.post("/create_chat_completion", json={**body, "n": 0})
+    assert bad.status_code == 400 and "n must be in [1, 16]" in bad.text

@@ -110,7 +110,7 @@ def test_presence_and_frequency_penalties_change_the_output(client, model_id):
     [
         ({"model": "gpt-4o"}, openai.NotFoundError, "The model 'gpt-4o' does not exist"),
         ({"max_tokens": 99999}, openai.BadRequestError, "max_tokens must be in [1, 4096]"),
-        ({"n": 2}, openai.BadRequestError, "n must be 1"),
+        ({"n": 17}, openai.BadRequestError, "n must be in [1, 16]"),
         (
             {"tools": [{"type": "function", "function": {"name": "f"}}]},
             openai.BadRequestError,
@@ -257,3 +257,28 @@ def test_structured_output_cut_by_max_tokens_is_200_length_as_openai_does(client
     # With a budget closing fits in, the answer parses and says it was closed early.
     r = client.chat.completions.create(model=model_id, messages=messages, response_format=fmt, max_tokens=24)
     jsonschema.validate(json.loads(r.choices[0].message.content), nested)
+
+
+def test_n_samples_come_back_as_choices_streamed_or_not(client, model_id):
+    kw = dict(
+        model=model_id,
+        messages=[{"role": "user", "content": "Name a fruit."}],
+        temperature=1.0,
+        seed=21,
+        max_tokens=16,
+        n=3,
+    )
+    whole = client.chat.completions.create(**kw)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert all(c.message.content and c.finish_reason in ("stop", "length") for c in whole.choices)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    texts, finals = ["", "", ""], {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finals[choice.index] = choice.finish_reason
+    # Same seed, same samples: the stream reassembles, per index, to the non-streamed choices.
+    assert texts == [c.message.content for c in whole.choices]
+    assert finals == {c.index: c.finish_reason for c in whole.choices}
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
