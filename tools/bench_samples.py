@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+"""n samples of one prompt (one request with n) vs n separate requests of it, in one run.
+
+On the in-process engine (the node's scheduler, n_slots = n): the same prompt, temperature 0.8,
+sample i of the n-request uses seed + i and separate request i that seed too. Prints, per prompt
+length, the prompt tokens decoded (the n-request decodes the prompt once, plus one token per other
+sample), the wall time, total completion tokens per second and the ratio. Runs alternate (noise
+hits both sides alike); the median of --runs is reported.
+
+    python tools/bench_samples.py [--n 8] [--max-tokens 64] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgellm.engine.config import ModelConfig  # noqa: E402
+from edgellm.engine.types import EngineRequest, SamplingParams  # noqa: E402
+from edgellm.offline import OfflineEngine  # noqa: E402
+from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+
+REPORT = (
+    "Maintenance log, greenhouse 4, 12 March. At 06:10 the operator Maria Lopez found that irrigation valve "
+    "V-3 in row 12 was stuck half open. Soil moisture sensor S-17 read 41 percent, above the 35 percent "
+    "target, and the drip line pressure was 1.8 bar. She closed the manual bypass, replaced the valve "
+    "solenoid (part number SOL-2240) and tested the valve three times. At 07:05 the moisture reading was "
+    "back to 36 percent. Next inspection is due on 19 March. The fan F-2 made a rattling noise and should "
+    "be checked by the electrician, Tom Becker, before the end of the week."
+)
+PROMPTS = {
+    "short question": "Suggest a name for a greenhouse robot.",
+    "one log (~200 tok)": f"Write a one-line headline for this log.\n\n{REPORT}",
+    "four logs (~800 tok)": "Write a one-line headline for these logs.\n\n" + "\n\n".join([REPORT] * 4),
+}
+
+
+def run(engine: OfflineEngine, prompt: str, n: int, together: bool, max_tokens: int, tag: str):
+    messages = [{"role": "user", "content": prompt}]
+
+    def request(rid: str, seed: int, samples: int) -> EngineRequest:
+        sampling = SamplingParams(temperature=0.8, seed=seed, max_tokens=max_tokens)
+        return EngineRequest(rid, messages, sampling, cache_lookup=False, n=samples)
+
+    if together:
+        requests = [request(f"{tag}-n", 1000, n)]
+    else:
+        requests = [request(f"{tag}-{i}", 1000 + i, 1) for i in range(n)]
+    outs, stats = engine.generate(requests)
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    tokens = sum(o.completion_tokens for o in outs)
+    return tokens / stats.wall_s, stats.prompt_tokens, stats.wall_s, outs[0].prompt_tokens
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=bundled_model_path())
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    config = ModelConfig(path=args.model, n_ctx=2048 * args.n, n_slots=args.n)
+    print(
+        f"n = {args.n}, {args.max_tokens} tokens each\n"
+        f"{'prompt':22} {'tokens':>6} {'decoded sep.':>12} {'decoded n':>9} "
+        f"{'tok/s sep.':>10} {'tok/s n':>8} {'ratio':>6}"
+    )
+    with OfflineEngine(config) as engine:
+        run(engine, PROMPTS["short question"], 2, True, 4, "warm")
+        for name, prompt in PROMPTS.items():
+            separate, together = [], []
+            for i in range(args.runs):
+                separate.append(run(engine, prompt, args.n, False, args.max_tokens, f"{name[:5]}-s{i}"))
+                together.append(run(engine, prompt, args.n, True, args.max_tokens, f"{name[:5]}-t{i}"))
+            a = statistics.median(r[0] for r in separate)
+            b = statistics.median(r[0] for r in together)
+            print(
+                f"{name:22} {separate[0][3]:6d} {separate[0][1]:12d} {together[0][1]:9d} "
+                f"{a:10.1f} {b:8.1f} {b / a:5.2f}x"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
