@@ -265,7 +265,7 @@ def openai_bodies(model_id: str) -> st.SearchStrategy[dict]:
         "top_logprobs": st.integers(0, 20),
         "response_format": response_format,
         "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-        "n": st.just(1),
+        "n": st.integers(1, 3),
         "user": text,
         "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
         "timeout": st.floats(0, 30, exclude_min=True),
