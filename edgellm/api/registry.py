@@ -17,10 +17,10 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from edgellm.compat import StrEnum
 from edgellm.errors import EdgeLLMError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from edgellm.api.auth import Authenticator
 from edgellm.api.metrics import ServiceMetrics, live_state
@@ -61,6 +61,12 @@ _ERROR_CLASSES: dict[str, type[EdgeLLMError]] = {
     "rate_limited": QueueFull,
     "generation_failed": GenerationFailed,
 }
+
+
+class BoardSource(Protocol):
+    def read(self) -> dict[str, Any]: ...
+
+    def samples(self) -> list[tuple[str, str, dict[str, str], float]]: ...
 
 
 @dataclass(frozen=True)
@@ -198,8 +204,15 @@ class Service:
         # Prometheus counters and histograms in a registry of this service's own (api/metrics.py);
         # the gauges are read at scrape time. /metrics (JSON and Prometheus text) comes from here.
         self.instruments = ServiceMetrics(
-            live=lambda: live_state(self.engine, self.in_flight(), self.config.max_queued)
+            live=lambda: {
+                **live_state(self.engine, self.in_flight(), self.config.max_queued),
+                "board": self.board.samples() if self.board is not None else [],
+            }
         )
+        # Board telemetry (runtime/board.py on a Jetson): read() -> dict for /status, samples() ->
+        # (name, help, labels, value) gauges for /metrics. None: nothing to report.
+        self.board: BoardSource | None = None
+        self.memory_plan: dict[str, Any] | None = None  # the engine's memory plan, for /status
 
     # -- wiring ------------------------------------------------------------------------------
     def bind(self, engine: EngineClient, loop: asyncio.AbstractEventLoop) -> None:
@@ -418,7 +431,7 @@ class Service:
         try:
             # A little grace past the engine's own deadline, which normally ends the request first.
             outcome = await asyncio.wait_for(asyncio.shield(fut), timeout_s + 5.0)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # builtin TimeoutError only from 3.11
             raise WaitTimeout(
                 f"request {request_id} did not finish within {timeout_s:g} s; poll "
                 f"/request_status?request_id={request_id}",
@@ -523,6 +536,8 @@ class Service:
                 "reset_reason": self.registry.reset_reason,
             },
             "auth_required": self.auth.required,
+            **({"memory_plan": self.memory_plan} if self.memory_plan else {}),
+            **({"board": board} if (board := self.board.read() if self.board is not None else {}) else {}),
         }
 
     def metrics(self) -> dict[str, Any]:

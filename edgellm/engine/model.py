@@ -101,7 +101,9 @@ def raw_prompt_text(messages: list[dict]) -> str:
 class LlamaModel:
     """Owns model + context + batch. Not thread-safe: one engine thread drives it."""
 
-    def __init__(self, config: ModelConfig, *, force_gpu_failure: bool = False):
+    def __init__(
+        self, config: ModelConfig, *, force_gpu_failure: bool = False, force_gpu_context_failure: bool = False
+    ):
         if not os.path.isfile(config.path):
             raise EngineError(f"model file not found: {config.path}")
         _ensure_backend()
@@ -114,7 +116,7 @@ class LlamaModel:
         self.slot_ctx = config.n_ctx // config.n_slots
         if self.slot_ctx < 64:
             raise EngineError(f"n_ctx={config.n_ctx} leaves {self.slot_ctx} tokens per slot; need >= 64")
-        self.ctx = self._new_context(config)
+        self.ctx = self._context_or_cpu_fallback(config, force_gpu_context_failure)
         self.memory = L.llama_get_memory(self.ctx)
         self.n_batch = config.n_batch
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
@@ -147,6 +149,25 @@ class LlamaModel:
             self.model = _load_model(config.path, 0)
         n_layers = L.llama_model_n_layer(self.model)
         return OffloadInfo(gpu_supported, min(wanted, n_layers + 1), n_layers, fallback)
+
+    def _context_or_cpu_fallback(self, config: ModelConfig, force_failure: bool) -> ctypes.c_void_p:
+        """The context; when it cannot be made with layers on the GPU (its KV cache and compute buffers
+        did not fit next to the weights: shared memory on a Jetson), the model is reloaded on the CPU
+        and the context made there, as a failed GPU model load does. /health reports why."""
+        try:
+            if force_failure and self.offload.n_gpu_layers > 0:
+                raise EngineError("GPU context failure forced by EDGELLM_FORCE_GPU_CONTEXT_FAILURE (test hook)")
+            return self._new_context(config)
+        except EngineError as exc:
+            if self.offload.n_gpu_layers == 0:
+                raise
+            reason = f"GPU context creation failed ({exc}); retried on CPU"
+            log.warning("%s", reason)
+            L.llama_model_free(self.model)
+            self.model = _load_model(config.path, 0)
+            self.vocab = L.llama_model_get_vocab(self.model)
+            self.offload = OffloadInfo(self.offload.gpu_supported, 0, self.offload.n_layers, reason)
+            return self._new_context(config)
 
     def _memory_can_drop_suffix(self) -> bool:
         """Prefix KV reuse keeps positions [0, n) and drops the rest; recurrent state (Mamba, RWKV,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from edgellm.compat import StrEnum
 from edgellm.media.types import MediaInput
 
 

@@ -22,6 +22,7 @@ from edgellm.api.openai_compat import error_body
 from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized
+from edgellm.runtime.board import BoardTelemetry
 from edgellm.runtime.gpu_memory import gpu_memory
 from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_body
 from edgellm.runtime.http_common import authenticate as authenticate_request
@@ -74,6 +75,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
         Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
     )
     service = Service(service_config(settings), registry, Authenticator(settings.tokens))
+    service.board = BoardTelemetry(settings.board_root)
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
     worker_config = WorkerConfig(
@@ -81,6 +83,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
         max_waiting=settings.max_queued,
         log_level=settings.log_level,
         force_gpu_failure=settings.force_gpu_failure,
+        force_gpu_context_failure=settings.force_gpu_context_failure,
     )
 
     async def start_engine(engine: WorkerEngine) -> None:

@@ -8,17 +8,30 @@ import asyncio
 import logging
 import os
 import sys
+from typing import Any
 
 from edgellm.errors import EdgeLLMError
 
-SERVE_FLAGS: list[tuple[str, type, str]] = [
+
+def _int_or_auto(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
+
+
+SERVE_FLAGS: list[tuple[str, Any, str]] = [
+    ("preset", str, "board preset: orin-nano, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb (configs/models/)"),
     ("host", str, "address to bind (default 127.0.0.1)"),
     ("port", int, "port (default 8765)"),
     ("model-path", str, "GGUF file (default: the bundled SmolLM2-135M)"),
     ("model-name", str, "model id reported to clients"),
     ("mmproj-path", str, "multimodal projector GGUF for the model (images/audio in content arrays)"),
-    ("n-ctx", int, "total context (KV cells), split across slots"),
-    ("n-slots", int, "requests generated together"),
+    ("n-ctx", _int_or_auto, "total context (KV cells), split across slots; auto = sized to memory_budget"),
+    ("n-slots", _int_or_auto, "requests generated together; auto = 4, fewer when memory is short"),
+    ("memory-budget", str, "memory the model, KV cache and buffers may use (e.g. 3GiB; default 75%% of MemAvailable)"),
     ("n-threads", int, "CPU threads for llama.cpp (0 = all free cores)"),
     ("n-gpu-layers", str, "'auto' or a number of layers to offload"),
     ("kv-cache-type", str, "f16 (default) or q8_0 (half the KV memory, ~5% slower)"),

@@ -153,7 +153,7 @@ class HttpGuard:
             remaining = exchange.deadline - asyncio.get_running_loop().time()
             try:
                 message = await asyncio.wait_for(receive(), max(remaining, 0.001))
-            except TimeoutError:
+            except asyncio.TimeoutError:  # builtin TimeoutError only from 3.11
                 raise RequestTimeout(
                     f"the request body did not arrive within {self.config.body_timeout_s:g} s"
                 ) from None

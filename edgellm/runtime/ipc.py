@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from edgellm.compat import StrEnum
 from edgellm.engine.config import ModelConfig
 
 
@@ -34,3 +34,4 @@ class WorkerConfig:
     max_waiting: int = 64
     log_level: str = "INFO"
     force_gpu_failure: bool = False  # test hook: pretend the GPU load ran out of memory
+    force_gpu_context_failure: bool = False  # test hook: pretend the GPU context did not fit

@@ -15,7 +15,8 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+import yaml
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -29,6 +30,7 @@ from edgellm.api.envelope import ResponseMode
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError
 from edgellm.media.limits import MediaLimits, MediaSources
+from edgellm.runtime.presets import load_preset
 
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -60,6 +62,9 @@ class Settings(BaseSettings):
     # _UpstreamEnvSource instead.
     model_config = SettingsConfigDict(env_prefix="EDGELLM_", extra="forbid")
 
+    # A board preset (configs/models/NAME.yaml): its settings are the lowest layer, under this file.
+    preset: str | None = None
+    _model_from_preset: bool = PrivateAttr(default=False)  # model_path is the preset's (a missing file: say where)
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
     model_path: str | None = None  # None = the bundled SmolLM2-135M GGUF
@@ -112,7 +117,10 @@ class Settings(BaseSettings):
     node_alias: str = Field(default_factory=socket.gethostname)
     evm_network: str = "local"
     log_level: str = "info"
+    # Where board telemetry is read (sysfs, /proc/device-tree, nvpmodel files); tests point it at a fixture tree.
+    board_root: str = "/"
     force_gpu_failure: bool = False  # test hook: make the GPU load fail to exercise the CPU fallback
+    force_gpu_context_failure: bool = False  # test hook: make the GPU context creation fail (same fallback)
 
     @field_validator("tokens", mode="before")
     @classmethod
@@ -170,7 +178,10 @@ class Settings(BaseSettings):
                 "model_path / EDGELLM_MODEL_PATH to a GGUF file"
             )
         if not os.path.isfile(path):
-            raise SettingsError(f"model file not found: {path}")
+            hint = ""
+            if self.preset and self._model_from_preset:
+                hint = f" ({load_preset(self.preset).where_to_get()} and put it there, or set model_path)"
+            raise SettingsError(f"model file not found: {path}{hint}")
         return path
 
     def model(self) -> ModelConfig:
@@ -251,15 +262,49 @@ class _UpstreamEnvSource(PydanticBaseSettingsSource):
 
 
 def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
-    """Settings from an optional YAML file, the environment and explicit overrides (CLI flags)."""
+    """Settings from an optional YAML file, the environment and explicit overrides (CLI flags), over
+    the settings of a board preset when one is named (flag, EDGELLM_PRESET or `preset:` in the file)."""
     if config_file is not None and not os.path.isfile(config_file):
         raise SettingsError(f"config file not found: {config_file}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    preset_name = given.get("preset") or os.environ.get("EDGELLM_PRESET") or _file_value(config_file, "preset")
+    preset = load_preset(str(preset_name)).settings if preset_name else {}
 
     class _FileSettings(Settings):
         model_config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": config_file})
 
-    given = {k: v for k, v in overrides.items() if v is not None}
+        @classmethod
+        def settings_customise_sources(cls, settings_cls, **sources):
+            above = Settings.settings_customise_sources.__func__(cls, settings_cls, **sources)
+            return (*above, _PresetSource(settings_cls, preset))
+
     try:
-        return _FileSettings(**given)
+        settings = _FileSettings(**given)
     except ValueError as exc:  # pydantic ValidationError
         raise SettingsError(f"invalid settings: {exc}") from exc
+    settings._model_from_preset = bool(preset.get("model_path")) and settings.model_path == preset.get("model_path")
+    return settings
+
+
+def _file_value(config_file: str | None, key: str) -> Any:
+    if config_file is None:
+        return None
+    try:
+        data = yaml.safe_load(Path(config_file).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None  # the settings source reports a broken file with its own message
+    return data.get(key) if isinstance(data, dict) else None
+
+
+class _PresetSource(PydanticBaseSettingsSource):
+    """A board preset's settings: below the config file, the environment and the CLI."""
+
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]):
+        super().__init__(settings_cls)
+        self.values = values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.values)

@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from edgellm.compat import StrEnum
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable
 from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig

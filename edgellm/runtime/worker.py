@@ -51,7 +51,11 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
     )
     parent = os.getppid()
     try:
-        model = LlamaModel(config.model, force_gpu_failure=config.force_gpu_failure)
+        model = LlamaModel(
+            config.model,
+            force_gpu_failure=config.force_gpu_failure,
+            force_gpu_context_failure=config.force_gpu_context_failure,
+        )
         projector, projector_error = attach_projector(
             config.model.mmproj_path,
             config.model.path,

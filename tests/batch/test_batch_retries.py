@@ -7,7 +7,7 @@ slow answer and count the POSTs that arrived, which the node cannot be made to d
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 
 import pytest
@@ -35,7 +35,7 @@ def test_retry_after_as_an_http_date_is_honoured(tmp_path):
     out = tmp_path / "results.jsonl"
 
     def script(prompt: str, n: int) -> Reply:
-        when = format_datetime(datetime.now(UTC) + timedelta(seconds=3), usegmt=True)
+        when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=3), usegmt=True)
         return Reply(status=503, headers={"Retry-After": when}) if n == 0 else Reply()
 
     with StubServer(script) as stub:
@@ -82,7 +82,7 @@ def test_retry_after_parsing():
     assert retry_after_s(None) is None and retry_after_s("soon") is None and retry_after_s("-3") is None
     assert retry_after_s("9" * 5000) == float("inf")  # huge: over any cap, never int() of 5000 digits
     assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past: now
-    assert 50 < retry_after_s(format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)) <= 60
+    assert 50 < retry_after_s(format_datetime(datetime.now(timezone.utc) + timedelta(seconds=60), usegmt=True)) <= 60
 
 
 def test_a_read_timeout_is_not_retried(tmp_path):

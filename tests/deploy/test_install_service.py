@@ -212,3 +212,80 @@ def test_shipped_unit_is_the_loopback_rendering():
     """The unit in systemd/ is valid as it stands for the default (loopback) settings."""
     text = (REPO / "systemd/edgellm.service").read_text()
     assert directives(text, "IPAddressDeny") == ["any"] and directives(text, "IPAddressAllow") == ["localhost"]
+
+
+def python_path(tmp_path: Path, real: dict[str, str]) -> str:
+    """A PATH whose python3 is an old 3.8 (JetPack 5's), with only the interpreters in `real` working."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir(exist_ok=True)
+    old = (
+        '#!/bin/sh\n[ "$1" = "--version" ] && { echo "Python 3.8.10"; exit 0; }\n'
+        'echo "Python 3.8.10: too old" >&2\nexit 1\n'
+    )
+    for name in ("python3", "python3.10", "python3.11", "python3.12", "python3.13"):
+        target = fake / name
+        if name in real:
+            target.symlink_to(real[name])
+        else:
+            target.write_text(old)
+            target.chmod(0o755)
+    return f"{fake}:/usr/bin:/bin"
+
+
+def python310() -> str:
+    out = subprocess.run(["bash", str(REPO / "tools" / "python310.sh")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr  # the CI machine kind has CPython 3.10 (pyenv)
+    return out.stdout.strip()
+
+
+def test_an_old_python3_alone_stops_before_anything_changes(tmp_path):
+    root = tmp_path / "root"
+    out = run("--root", str(root), env={"PATH": python_path(tmp_path, {}), "HOME": str(tmp_path)})
+    assert out.returncode == 2
+    assert "needs Python >= 3.10" in out.stderr and "Python 3.8.10" in out.stderr
+    assert "deadsnakes" in out.stderr and "uv python install" in out.stderr  # the commands to run
+    assert not root.exists()
+
+
+def test_real_install_builds_the_venv_with_python_3_10_next_to_an_old_python3(tmp_path):
+    """The whole install path into a temp root: the interpreter choice, the venv, pip installing the
+    project (its dependencies from pip's cache or the package index), the unit, config and presets."""
+    root = tmp_path / "root"
+    env = {"PATH": python_path(tmp_path, {"python3.10": python310()}), "HOME": str(tmp_path)}
+    env["PIP_CACHE_DIR"] = os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "--root", str(root), "--no-systemctl", "--preset", "orin-nano"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, **env},
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"python: \S*fakebin/python3\.10 \(3\.10\.\d+\)", out.stdout), out.stdout
+    venv = root / "opt/edgellm/venv"
+    version = subprocess.run([venv / "bin/python", "--version"], capture_output=True, text=True).stdout
+    assert version.startswith("Python 3.10.")
+    check = subprocess.run(
+        [
+            venv / "bin/python",
+            "-c",
+            "import edgellm.runtime.app, llama_cpp; from edgellm.runtime.settings import "
+            "bundled_model_path as b; print(b())",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0 and check.stdout.strip().endswith(".gguf"), check.stderr
+    help_text = subprocess.run([venv / "bin/edgellm", "serve", "--help"], capture_output=True, text=True).stdout
+    assert "--preset" in help_text
+    assert (root / "etc/edgellm/models/orin-nano.yaml").read_text() == (
+        REPO / "configs/models/orin-nano.yaml"
+    ).read_text()
+    dropin = (root / "etc/systemd/system/edgellm.service.d/preset.conf").read_text()
+    assert "Environment=EDGELLM_PRESET=orin-nano" in dropin
+    assert (root / "etc/systemd/system/edgellm.service").exists() and (root / "etc/edgellm/node.yaml").exists()
+
+
+def test_unknown_preset_is_refused_with_the_list(tmp_path):
+    out = run("--root", str(tmp_path / "root"), "--skip-install", "--preset", "orin-mega")
+    assert out.returncode == 2 and "orin-nano" in out.stderr and not (tmp_path / "root").exists()

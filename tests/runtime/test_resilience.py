@@ -6,6 +6,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.conftest import chat
 from tests.nodeproc import NodeProcess
 from tests.runtime.test_http_api import poll
@@ -72,15 +74,19 @@ def test_finished_requests_are_evicted_after_the_ttl(tmp_path):
         node.stop()
 
 
-def test_failed_gpu_load_falls_back_to_cpu_and_health_says_so(tmp_path):
-    # On this CPU-only machine a GPU load cannot really fail, so the test hook forces the failure
-    # at the exact point where llama.cpp would report it.
-    node = NodeProcess(tmp_path, "--n-gpu-layers", "99", env={"EDGELLM_FORCE_GPU_FAILURE": "1"}).start()
+@pytest.mark.parametrize(
+    ("hook", "stage"),
+    [("EDGELLM_FORCE_GPU_FAILURE", "GPU load failed"), ("EDGELLM_FORCE_GPU_CONTEXT_FAILURE", "GPU context creation")],
+)
+def test_failed_gpu_load_or_context_falls_back_to_cpu_and_health_says_so(tmp_path, hook, stage):
+    # On this CPU-only machine a GPU load or context cannot really fail, so the test hook forces the
+    # failure at the exact point where llama.cpp would report it.
+    node = NodeProcess(tmp_path, "--n-gpu-layers", "99", env={hook: "1"}).start()
     try:
         with node.client() as c:
             offload = c.get("/health").json()["result"]["offload"]
             assert offload["device"] == "cpu" and offload["n_gpu_layers"] == 0
-            assert "retried on CPU" in offload["fallback_reason"]
+            assert stage in offload["fallback_reason"] and "retried on CPU" in offload["fallback_reason"]
             assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
     finally:
         node.stop()

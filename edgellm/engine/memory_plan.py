@@ -1,0 +1,448 @@
+"""Size the context to the board's memory, from the GGUF's header alone (nothing is loaded).
+
+On a Jetson the CPU and GPU share one pool of memory, so the weights, the KV cache, llama.cpp's compute
+buffers and the node's own processes all come out of the same MemAvailable. The plan adds them up before
+llama.cpp is asked for a context: a context that does not fit would otherwise be found out by the OOM
+killer (or a failed cudaMalloc) minutes into serving, not by a clear refusal at start.
+
+Usage: python -m edgellm.engine.memory_plan MODEL.gguf [--budget 6GiB] [--kv q8_0] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edgellm.engine.gguf_header import array_length, read_metadata
+
+MIB = 1024**2
+GIB = 1024**3
+
+# Bytes per stored K or V element. q8_0 stores blocks of 32 values as 32 int8 plus one f16 scale: 34 bytes.
+KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
+
+# llama.cpp rounds the context up to a multiple of 256 cells, and with one KV stream per slot
+# (kv_unified=False, as engine/model.py asks) it rounds each slot's share up to 256 cells as well.
+CELL_ALIGN = 256
+
+AUTO_SLOTS = 4  # an edge board serves a few clients at once; more slots only thin each one's context
+# The node's own processes (API + engine worker: Python, FastAPI, numpy, tokenizer and grammar caches) measure
+# ~70 + ~50 MiB idle; 150 MiB leaves room for request state. The CUDA runtime, cuBLAS workspace and the OS
+# are covered by the share of MemAvailable that default_budget_bytes leaves outside the budget.
+DEFAULT_OVERHEAD_BYTES = 150 * MIB
+
+# Compute buffer estimate (see compute_bytes): a 10 % margin plus a fixed 8 MiB for the small host-side
+# inputs (token ids, positions, output ids) and allocator alignment.
+_COMPUTE_MARGIN = 1.10
+_COMPUTE_FIXED = 8 * MIB
+_F32 = 4
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory sizing needs from a model: attention geometry, vocabulary and the weights' size."""
+
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_embd: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    n_vocab: int
+    file_bytes: int
+    n_ff: int = 0  # feed-forward width; 0 = unknown (estimated as 8 x n_embd, above common models' ratio)
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> ModelShape:
+        """Read the shape from the GGUF header. Raises ValueError when a key the sizing needs is missing.
+
+        `{arch}.attention.head_count_kv` is a per-layer array in a few models (OpenELM-style variable
+        attention): read_metadata returns scalars only, so an array (or a missing key, which llama.cpp reads
+        as "no GQA") falls back to head_count, the largest any layer can have: an over-estimate of the KV
+        cache, never an under-estimate.
+        """
+        arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ValueError(f"{path}: GGUF has no general.architecture")
+        keys = {
+            "n_layer": f"{arch}.block_count",
+            "n_head": f"{arch}.attention.head_count",
+            "n_head_kv": f"{arch}.attention.head_count_kv",
+            "n_embd": f"{arch}.embedding_length",
+            "head_dim_k": f"{arch}.attention.key_length",
+            "head_dim_v": f"{arch}.attention.value_length",
+            "n_ctx_train": f"{arch}.context_length",
+            "n_vocab": f"{arch}.vocab_size",
+            "n_ff": f"{arch}.feed_forward_length",
+        }
+        meta = read_metadata(path, keys.values())
+
+        def get(field: str) -> int | None:
+            value = meta.get(keys[field])
+            return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        def need(field: str) -> int:
+            value = get(field)
+            if value is None or value <= 0:
+                raise ValueError(f"{path}: GGUF has no usable {keys[field]}; cannot size memory for a {arch} model")
+            return value
+
+        n_head, n_embd = need("n_head"), need("n_embd")
+        head_dim_k = get("head_dim_k") or n_embd // n_head
+        n_vocab = get("n_vocab") or array_length(path, "tokenizer.ggml.tokens")
+        if not n_vocab:
+            raise ValueError(f"{path}: GGUF has neither {keys['n_vocab']} nor tokenizer.ggml.tokens")
+        return cls(
+            n_layer=need("n_layer"),
+            n_head=n_head,
+            n_head_kv=get("n_head_kv") or n_head,
+            n_embd=n_embd,
+            head_dim_k=head_dim_k,
+            head_dim_v=get("head_dim_v") or head_dim_k,
+            n_ctx_train=need("n_ctx_train"),
+            n_vocab=n_vocab,
+            file_bytes=os.path.getsize(path),
+            n_ff=get("n_ff") or 0,
+        )
+
+
+def kv_bytes_per_token(shape: ModelShape, kv_type: str = "f16") -> float:
+    """Bytes one KV cell takes over all layers: a K and a V vector per KV head per layer."""
+    if kv_type not in KV_BYTES_PER_ELEMENT:
+        raise ValueError(f"kv_type must be one of {', '.join(KV_BYTES_PER_ELEMENT)}, got {kv_type!r}")
+    elements = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v)
+    return elements * KV_BYTES_PER_ELEMENT[kv_type]
+
+
+def kv_cells(n_ctx: int, n_slots: int) -> int:
+    """KV cells llama.cpp allocates for n_ctx tokens over n_slots slots: the engine splits n_ctx evenly
+    (engine/model.py), llama.cpp pads the total and then each slot's share up to 256 cells. So 1000 tokens
+    over 3 slots cost 1536 cells, 8192 over 4 exactly 8192."""
+    per_slot = max(1, n_ctx // n_slots)
+    total = _round_up(per_slot * n_slots, CELL_ALIGN)
+    return _round_up(total // n_slots, CELL_ALIGN) * n_slots
+
+
+def compute_bytes(
+    shape: ModelShape, n_batch: int, n_slots: int, n_ctx: int | None = None, *, flash_attn: bool = True
+) -> int:
+    """Estimate of llama.cpp's compute buffers plus its logits output buffer, with a safety margin.
+
+    llama.cpp reserves its compute buffer for the worst graph: a full ubatch (n_ubatch = n_batch here) with
+    every token producing logits. Buffers are reused from layer to layer, so the size is the peak of two
+    phases, in f32 activations per batch token:
+      - output: the logits (n_vocab) next to the final hidden state and norms (~6 x n_embd);
+      - a layer: the FFN's gate/up/activation (3 x n_ff), the residual, norm, Q/K/V and attention output
+        (~8 x n_embd) and the attention mask over the slot's cells; without flash attention, also the
+        full score matrix (n_head scores per cell).
+    Checked against llama.cpp 0.3.36's printed "compute buffer size" for SmolLM2-135M (CPU, n_batch 512):
+    102.5 MiB measured vs 102.8 estimated with flash attention; 166.4 vs 178 without it at 8192 cells a slot.
+    Reports of CUDA runs match the same shape (the graph splits into a device buffer and a small host one).
+
+    On top, the output buffer the logits are copied to: n_vocab f32 per output row, up to n_batch rows (it
+    grows to the largest batch's outputs). The engine asks for at most 1 + 16 drafted rows per slot, so
+    n_batch rows also covers the engine's own copy of those rows.
+
+    n_ctx: total tokens (for the per-slot cell count); None = each slot at min(n_ctx_train, 4096).
+    """
+    if n_batch < 1 or n_slots < 1:
+        raise ValueError("n_batch and n_slots must be >= 1")
+    if n_ctx is None:
+        n_ctx = n_slots * min(shape.n_ctx_train, 4096)
+    cells = kv_cells(n_ctx, n_slots)
+    slot_cells = cells // n_slots
+    n_tokens = min(n_batch, cells)  # llama.cpp caps the batch at the context for causal models
+    n_ff = shape.n_ff or 8 * shape.n_embd
+    output_phase = shape.n_vocab + 6 * shape.n_embd
+    per_cell = 1 if flash_attn else 1 + shape.n_head  # mask, plus the scores without flash attention
+    layer_phase = 3 * n_ff + 8 * shape.n_embd + per_cell * slot_cells
+    graph = _F32 * n_tokens * max(output_phase, layer_phase)
+    output_buffer = _F32 * shape.n_vocab * n_batch
+    return math.ceil((graph + output_buffer) * _COMPUTE_MARGIN) + _COMPUTE_FIXED
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the node will hold in memory for one model and context; `fits` says whether that is within
+    the budget. Sizes in bytes."""
+
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+    budget_bytes: int
+    n_ctx: int
+    n_slots: int
+    kv_type: str
+    kv_cells: int  # what llama.cpp allocates for n_ctx (padded per slot), what kv_bytes counts
+    n_batch: int = 512
+    flash_attn: bool = True
+    auto_ctx: bool = False  # n_ctx was chosen here ("auto"), not given
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+    @property
+    def base_bytes(self) -> int:
+        """Everything but the KV cache: what the model costs before any context."""
+        return self.weights_bytes + self.compute_bytes + self.overhead_bytes
+
+    @property
+    def slot_ctx(self) -> int:
+        return self.n_ctx // self.n_slots
+
+    def refusal(self) -> str | None:
+        """None when the plan fits; else why not and what to change, for the node to refuse to start with."""
+        if self.fits:
+            return None
+        budget = f"memory_budget is {_size(self.budget_bytes)}"
+        if self.base_bytes > self.budget_bytes:
+            return (
+                f"the model's weights ({_size(self.weights_bytes)}) plus compute buffers "
+                f"({_size(self.compute_bytes)}) and the runtime reserve ({_size(self.overhead_bytes)}) need "
+                f"{_size(self.base_bytes)} before any context, but {budget}; use a smaller model or quant, "
+                "or raise memory_budget"
+            )
+        fixes = ["lower n_ctx or n_slots"] if not self.auto_ctx else ["lower n_slots"]
+        if self.kv_type != "q8_0":
+            fixes.append("set kv_cache_type to q8_0")
+        fixes.append("use a smaller quant or raise memory_budget")
+        what = (
+            f"even the smallest context ({self.n_slots} slot(s) x {self.slot_ctx} tokens)"
+            if self.auto_ctx
+            else f"n_ctx={self.n_ctx} over {self.n_slots} slot(s)"
+        )
+        return (
+            f"{what} needs {_size(self.kv_bytes)} of {self.kv_type} KV cache on top of {_size(self.base_bytes)} "
+            f"for weights, compute buffers and runtime: {_size(self.total_bytes)} in all, but {budget}; "
+            + ", ".join(fixes)
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """For /status: sizes in MiB (0.1) and in bytes, and the context the node runs with."""
+        sizes = {
+            "weights": self.weights_bytes,
+            "kv": self.kv_bytes,
+            "compute": self.compute_bytes,
+            "overhead": self.overhead_bytes,
+            "total": self.total_bytes,
+            "budget": self.budget_bytes,
+        }
+        out: dict[str, object] = {f"{k}_mib": round(v / MIB, 1) for k, v in sizes.items()}
+        out.update({f"{k}_bytes": v for k, v in sizes.items()})
+        out.update(
+            n_ctx=self.n_ctx,
+            n_slots=self.n_slots,
+            slot_ctx=self.slot_ctx,
+            kv_cells=self.kv_cells,
+            kv_type=self.kv_type,
+            n_batch=self.n_batch,
+            flash_attn=self.flash_attn,
+            auto_ctx=self.auto_ctx,
+            fits=self.fits,
+        )
+        return out
+
+
+def plan_memory(
+    shape: ModelShape,
+    *,
+    budget_bytes: int,
+    n_ctx: int | Literal["auto"] = "auto",
+    n_slots: int | Literal["auto"] = "auto",
+    kv_type: str = "f16",
+    n_batch: int = 512,
+    max_slot_ctx: int = 4096,
+    min_slot_ctx: int = 512,
+    flash_attn: bool = True,
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+) -> MemoryPlan:
+    """The context and slot count to run with, and what they cost. Never raises for a plan that does not
+    fit: the caller reads `fits` and refuses to start with `refusal()`.
+
+    n_slots "auto": 4, fewer (down to 1) when the budget (or an explicit n_ctx) cannot give each slot
+    min_slot_ctx tokens. n_ctx "auto": the most tokens that fit, as n_slots equal slots of a multiple of 256
+    tokens each (llama.cpp pads every slot's share to 256 cells, so any other total would be padded past the
+    budget), each slot at most min(n_ctx_train, max_slot_ctx); when even min_slot_ctx per slot does not fit,
+    the plan reports that minimum with fits False. Explicit ints are kept as given.
+    """
+    if budget_bytes <= 0:
+        raise ValueError("budget_bytes must be positive")
+    kv_bytes_per_token(shape, kv_type)  # validates kv_type
+    if n_batch < 1:
+        raise ValueError("n_batch must be >= 1")
+    for name, value in (("n_ctx", n_ctx), ("n_slots", n_slots)):
+        if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or 'auto', got {value!r}")
+
+    def make(slots: int, ctx: int, auto_ctx: bool) -> MemoryPlan:
+        cells = kv_cells(ctx, slots)
+        return MemoryPlan(
+            weights_bytes=shape.file_bytes,
+            kv_bytes=math.ceil(cells * kv_bytes_per_token(shape, kv_type)),
+            compute_bytes=compute_bytes(shape, n_batch, slots, ctx, flash_attn=flash_attn),
+            overhead_bytes=overhead_bytes,
+            budget_bytes=budget_bytes,
+            n_ctx=ctx,
+            n_slots=slots,
+            kv_type=kv_type,
+            kv_cells=cells,
+            n_batch=n_batch,
+            flash_attn=flash_attn,
+            auto_ctx=auto_ctx,
+        )
+
+    slot_cap = max(CELL_ALIGN, _round_down(min(shape.n_ctx_train, max_slot_ctx), CELL_ALIGN))
+    slot_min = min(max(CELL_ALIGN, _round_up(min_slot_ctx, CELL_ALIGN)), slot_cap)
+
+    if n_ctx != "auto":
+        if n_slots == "auto":
+            # The largest slot count (up to 4) that still gives each slot min_slot_ctx of the given n_ctx.
+            n_slots = next((s for s in range(AUTO_SLOTS, 0, -1) if n_ctx // s >= min_slot_ctx), 1)
+        return make(n_slots, n_ctx, False)
+
+    slot_choices = range(AUTO_SLOTS, 0, -1) if n_slots == "auto" else [n_slots]
+    for slots in slot_choices:
+        if not make(slots, slots * slot_min, True).fits:
+            continue
+        for per_slot in range(slot_cap, slot_min - 1, -CELL_ALIGN):
+            plan = make(slots, slots * per_slot, True)
+            if plan.fits:
+                return plan
+    slots = slot_choices[-1]
+    return make(slots, slots * slot_min, True)  # does not fit: report the minimum it would need
+
+
+def default_budget_bytes(meminfo_path: str | Path = "/proc/meminfo", share: float = 0.75) -> int:
+    """A share of MemAvailable: on a Jetson the GPU allocates from the same memory as the CPU, so this is
+    the pool for weights, KV cache and buffers alike. The rest is left to the CUDA runtime, the OS and
+    whatever else runs on the board."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    text = Path(meminfo_path).read_text()
+    match = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.MULTILINE)
+    if match is None:
+        raise ValueError(f"{meminfo_path}: no MemAvailable line (kernel older than 3.14?); set memory_budget")
+    return int(int(match.group(1)) * 1024 * share)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes from a memory_budget setting: a byte count, or a number with a unit. KiB/MiB/GiB/TiB (or
+    Ki/Mi/Gi/Ti) are powers of 1024; KB/MB/GB/TB powers of 1000; a bare K/M/G/T is binary too, as in
+    `docker --memory 6g` or `java -Xmx6g`. "6GiB", "6.5G", "512MiB", "1500000000" all work."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory_budget must be a size such as 6GiB, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"memory_budget must be a positive size, got {value!r}")
+        return int(value)
+    text = str(value).strip()
+    if text.startswith("-"):
+        raise ValueError(f"memory_budget must be a positive size, got {value!r}")
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ValueError(
+            f"memory_budget: cannot read {value!r} as a size; use e.g. 6GiB, 6.5G, 512MiB or a byte count"
+        )
+    number, prefix, binary, byte = match.groups()
+    prefix = prefix.lower()
+    if binary and not prefix:
+        raise ValueError(f"memory_budget: cannot read {value!r} as a size; 'i' needs a unit letter (KiB, MiB, GiB)")
+    base = 1000 if prefix and byte and not binary else 1024  # "GB" is decimal; "G", "Gi", "GiB" binary
+    size = int(float(number) * base ** _SIZE_POWER[prefix])
+    if size <= 0:
+        raise ValueError(f"memory_budget must be a positive size, got {value!r}")
+    return size
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _round_down(n: int, step: int) -> int:
+    return n // step * step
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
+
+
+def format_plan(plan: MemoryPlan, shape: ModelShape | None = None) -> str:
+    """A human-readable table of the plan."""
+    rows = [
+        ("weights", plan.weights_bytes),
+        (f"KV cache ({plan.kv_type}, {plan.kv_cells} cells)", plan.kv_bytes),
+        (f"compute buffers (n_batch {plan.n_batch})", plan.compute_bytes),
+        ("runtime reserve", plan.overhead_bytes),
+        ("total", plan.total_bytes),
+        ("budget", plan.budget_bytes),
+    ]
+    lines = []
+    if shape is not None:
+        lines.append(
+            f"model: {shape.n_layer} layers, {shape.n_head} heads ({shape.n_head_kv} KV), n_embd {shape.n_embd}, "
+            f"head dim {shape.head_dim_k}/{shape.head_dim_v}, vocab {shape.n_vocab}, n_ctx_train {shape.n_ctx_train}"
+        )
+    lines.append(
+        f"context: n_ctx {plan.n_ctx}{' (auto)' if plan.auto_ctx else ''} = {plan.n_slots} slot(s) x "
+        f"{plan.slot_ctx} tokens"
+    )
+    lines += [f"  {name:<38} {n / MIB:>10.1f} MiB" for name, n in rows]
+    lines.append(f"fits: {'yes' if plan.fits else 'NO'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m edgellm.engine.memory_plan", description="Plan the memory a GGUF model needs here."
+    )
+    parser.add_argument("model", help="GGUF model file")
+    parser.add_argument("--budget", help="memory budget, e.g. 6GiB (default: 75%% of MemAvailable)")
+    parser.add_argument("--kv", default="f16", choices=sorted(KV_BYTES_PER_ELEMENT), help="KV cache type")
+    parser.add_argument("--n-ctx", default="auto", help="total context tokens, or auto")
+    parser.add_argument("--n-slots", default="auto", help="parallel slots, or auto")
+    parser.add_argument("--n-batch", type=int, default=512)
+    parser.add_argument("--no-flash-attn", action="store_true", help="plan for attention without flash attention")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = parser.parse_args(argv)
+    try:
+        budget = parse_size(args.budget) if args.budget else default_budget_bytes()
+        shape = ModelShape.from_gguf(args.model)
+        plan = plan_memory(
+            shape,
+            budget_bytes=budget,
+            n_ctx=args.n_ctx if args.n_ctx == "auto" else int(args.n_ctx),
+            n_slots=args.n_slots if args.n_slots == "auto" else int(args.n_slots),
+            kv_type=args.kv,
+            n_batch=args.n_batch,
+            flash_attn=not args.no_flash_attn,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan, shape))
+    if not plan.fits:
+        print(plan.refusal(), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
