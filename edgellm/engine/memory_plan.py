@@ -358,9 +358,7 @@ def parse_size(value: str | int | float) -> int:
         raise ValueError(f"memory_budget must be a positive size, got {value!r}")
     match = _SIZE_RE.match(text)
     if match is None:
-        raise ValueError(
-            f"memory_budget: cannot read {value!r} as a size; use e.g. 6GiB, 6.5G, 512MiB or a byte count"
-        )
+        raise ValueError(f"memory_budget: cannot read {value!r} as a size; use e.g. 6GiB, 6.5G, 512MiB or a byte count")
     number, prefix, binary, byte = match.groups()
     prefix = prefix.lower()
     if binary and not prefix:

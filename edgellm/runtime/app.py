@@ -70,16 +70,19 @@ def service_config(settings: Settings) -> ServiceConfig:
 def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIdentity | None = None) -> FastAPI:
     """The node's ASGI app. `node`: the identity WRAPPED bodies carry (a Ratio1 node passes its real
     keys); default: an edgellm identity from settings.node_alias / evm_network."""
+    # First: a model that does not fit the memory budget stops the node before it opens anything.
+    model_config = settings.model()
     # The boot id marks the rows this process accepts: pending rows of other boots are what to recover.
     registry = Registry(
         Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
     )
     service = Service(service_config(settings), registry, Authenticator(settings.tokens))
     service.board = BoardTelemetry(settings.board_root)
+    service.memory_plan = settings.memory_report()
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
     worker_config = WorkerConfig(
-        model=settings.model(),
+        model=model_config,
         max_waiting=settings.max_queued,
         log_level=settings.log_level,
         force_gpu_failure=settings.force_gpu_failure,

@@ -12,6 +12,7 @@ import importlib.util
 import ipaddress
 import os
 import socket
+import struct
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,9 +29,10 @@ from pydantic_settings import (
 
 from edgellm.api.envelope import ResponseMode
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.memory_plan import MemoryPlan, ModelShape, default_budget_bytes, parse_size, plan_memory
 from edgellm.errors import EdgeLLMError
 from edgellm.media.limits import MediaLimits, MediaSources
-from edgellm.runtime.presets import load_preset
+from edgellm.runtime.presets import PresetError, load_preset
 
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -64,6 +66,7 @@ class Settings(BaseSettings):
 
     # A board preset (configs/models/NAME.yaml): its settings are the lowest layer, under this file.
     preset: str | None = None
+    _plan: MemoryPlan | None = PrivateAttr(default=None)  # what model() sized the context with
     _model_from_preset: bool = PrivateAttr(default=False)  # model_path is the preset's (a missing file: say where)
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
@@ -79,8 +82,17 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(16_777_216, ge=1, description="width x height of one image")
     max_audio_seconds: float = Field(600.0, gt=0)
     max_media_items: int = Field(8, ge=1, le=256, description="images and audio clips in one request")
-    n_ctx: int = Field(8192, ge=256, description="total KV cells, split evenly across slots")
-    n_slots: int = Field(8, ge=1, le=64)
+    # "auto": sized to memory_budget from the model's metadata (engine/memory_plan.py).
+    n_ctx: Annotated[int, Field(ge=256)] | Literal["auto"] = Field(
+        8192, description="total KV cells, split evenly across slots; auto = the most that fit memory_budget"
+    )
+    n_slots: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        8, description="auto = 4, fewer when memory_budget is short"
+    )
+    # What the weights, KV cache, compute buffers and runtime may use, e.g. "3GiB"; default: 75% of
+    # MemAvailable (on a Jetson the GPU allocates from that same memory). The node refuses to start
+    # when its plan does not fit.
+    memory_budget: str | None = None
     n_batch: int = Field(512, ge=32)
     n_threads: int = Field(0, ge=0, description="0 = every core this process may use")
     # adaptive: fewer threads while other processes keep cores busy (a spinning llama.cpp barrier on a
@@ -134,12 +146,19 @@ class Settings(BaseSettings):
         # Each step puts at least one token per generating slot into one llama_decode batch of at
         # most n_batch tokens (guided decoding fast-forwards up to n_batch // n_slots per slot), so
         # with n_batch < n_slots a full house can never be decoded: every step would fail.
-        if self.n_batch < self.n_slots:
+        if isinstance(self.n_slots, int) and self.n_batch < self.n_slots:
             raise ValueError(
                 f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): every generating slot "
                 "feeds at least one token into each decode batch; raise n_batch or lower n_slots"
             )
         return self
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget_is_a_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)  # ValueError: a clear settings error at start
+        return value
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> Settings:
@@ -184,11 +203,44 @@ class Settings(BaseSettings):
             raise SettingsError(f"model file not found: {path}{hint}")
         return path
 
-    def model(self) -> ModelConfig:
-        return ModelConfig(
-            path=self.resolved_model_path(),
+    def memory_plan(self) -> MemoryPlan:
+        """The context, slots and memory the node will run with (engine/memory_plan.py); raises
+        SettingsError, with what does not fit and what to change, when they exceed memory_budget."""
+        path = self.resolved_model_path()
+        try:
+            shape = ModelShape.from_gguf(path)
+        except (OSError, ValueError, struct.error) as exc:
+            if self.n_ctx == "auto" or self.n_slots == "auto":
+                raise SettingsError(
+                    f"n_ctx/n_slots auto need the model's metadata, unreadable in {path}: {exc}"
+                ) from None
+            raise _NoPlan from None  # explicit sizes: llama.cpp itself says what is wrong with the file
+        budget = parse_size(self.memory_budget) if self.memory_budget else default_budget_bytes()
+        plan = plan_memory(
+            shape,
+            budget_bytes=budget,
             n_ctx=self.n_ctx,
             n_slots=self.n_slots,
+            kv_type=self.kv_cache_type,
+            n_batch=self.n_batch,
+            flash_attn=self.flash_attn,
+        )
+        if not plan.fits:
+            raise SettingsError(f"the model does not fit the memory budget: {plan.refusal()}")
+        if self.n_batch < plan.n_slots:
+            raise SettingsError(f"n_batch ({self.n_batch}) must be at least n_slots ({plan.n_slots})")
+        return plan
+
+    def model(self) -> ModelConfig:
+        try:
+            plan = self._plan = self.memory_plan()
+            n_ctx, n_slots = plan.n_ctx, plan.n_slots
+        except _NoPlan:
+            n_ctx, n_slots = int(self.n_ctx), int(self.n_slots)
+        return ModelConfig(
+            path=self.resolved_model_path(),
+            n_ctx=n_ctx,
+            n_slots=n_slots,
             n_batch=self.n_batch,
             n_threads=self.n_threads,
             n_gpu_layers=-1 if self.n_gpu_layers == "auto" else int(self.n_gpu_layers),
@@ -198,6 +250,10 @@ class Settings(BaseSettings):
             speculative=self.speculative_decoding,
             mmproj_path=self.resolved_mmproj_path(),
         )
+
+    def memory_report(self) -> dict[str, Any] | None:
+        """The memory plan model() used, for /status (None before model(), or without a readable header)."""
+        return self._plan.to_dict() if self._plan is not None else None
 
     def resolved_mmproj_path(self) -> str | None:
         if self.mmproj_path and not os.path.isfile(self.mmproj_path):
@@ -245,6 +301,10 @@ class Settings(BaseSettings):
             )
 
 
+class _NoPlan(Exception):
+    """The model's header could not be read for a memory plan (explicit sizes go on without one)."""
+
+
 class _UpstreamEnvSource(PydanticBaseSettingsSource):
     """The two environment names the upstream Ratio1 plugin documents, and nothing else.
 
@@ -268,7 +328,10 @@ def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
         raise SettingsError(f"config file not found: {config_file}")
     given = {k: v for k, v in overrides.items() if v is not None}
     preset_name = given.get("preset") or os.environ.get("EDGELLM_PRESET") or _file_value(config_file, "preset")
-    preset = load_preset(str(preset_name)).settings if preset_name else {}
+    try:
+        preset = load_preset(str(preset_name)).settings if preset_name else {}
+    except PresetError as exc:
+        raise SettingsError(exc.message) from None
 
     class _FileSettings(Settings):
         model_config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": config_file})
