@@ -19,14 +19,15 @@ setup: $(BIN)/python
 serve: setup
 	$(BIN)/edgellm serve --config configs/node.yaml
 
-# The tests check the unit file with systemd-analyze and the batch output with jq, and make mp3/flac
-# files with sox (Debian packages).
+# The tests check the unit file with systemd-analyze and the batch output with jq, make mp3/flac
+# files with sox, and open the console page in headless Chromium (Debian packages).
 system-deps:
 	@command -v systemd-analyze >/dev/null && command -v jq >/dev/null && command -v sox >/dev/null \
+	  && command -v chromium >/dev/null \
 	  && [ -n "$$(ls /usr/lib/*/sox/libsox_fmt_mp3.so 2>/dev/null)" ] || { \
-	  echo "installing Debian packages systemd, jq, sox and libsox-fmt-mp3 for the tests"; \
+	  echo "installing Debian packages systemd, jq, sox, libsox-fmt-mp3 and chromium for the tests"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    systemd jq sox libsox-fmt-mp3; }
+	    systemd jq sox libsox-fmt-mp3 chromium; }
 
 # The Ratio1 node runs in a venv of its own (naeural-core, torch: ~7 GB, ~2 min cold) cached outside the
 # clone, keyed by requirements/ratio1.lock.txt (tools/ratio1_venv.sh prints its path), and talks to a

@@ -41,6 +41,9 @@ SLOW_FILES = (
     "test_book_of_record.py",
     "test_fuzz_openapi.py",
     "tests/synth/test_synth_node.py",
+    "tests/console/",
+    "test_board.py::test_the_node_reports",
+    "test_presets_and_memory.py::test_the_node_runs",
 )
 
 

@@ -53,6 +53,7 @@ MAPPED_FIELDS = frozenset(
         "logprobs",
         "top_logprobs",
         "response_format",
+        "guided_decoding",  # edgellm (vLLM-style) extra: regex, choice, ebnf grammar, json_schema
         "presence_penalty",
         "frequency_penalty",
         "stream",
@@ -154,6 +155,8 @@ def parse_openai_request(
     if isinstance(rf, dict) and rf.get("type") == "text":
         rf = None
     seed_body["response_format"] = rf
+    if body.get("guided_decoding") is not None:
+        seed_body["guided_decoding"] = body["guided_decoding"]
     messages = _list(body.get("messages"))
     if len(messages) > max_messages:  # before mapping each one: the cap is there to bound that work
         raise InvalidRequest(

@@ -268,6 +268,20 @@ class Registry:
         ).fetchall()
         return [RequestRecord.from_row(r) for r in rows]
 
+    def recent(
+        self, limit: int = 50, *, status: RequestStatus | None = None, owner: str | None = None
+    ) -> list[RequestRecord]:
+        """The newest unexpired records, newest first, that `owner` may read (its own and anonymous ones,
+        as request_status decides)."""
+        where, args = ["(expires_at IS NULL OR expires_at > ?)", "(owner IS NULL OR owner = ?)"], [time.time(), owner]
+        if status is not None:
+            where.append("status = ?")
+            args.append(status.value)
+        rows = self._run(
+            f"SELECT * FROM requests WHERE {' AND '.join(where)} ORDER BY created_at DESC LIMIT ?", (*args, limit)
+        ).fetchall()
+        return [RequestRecord.from_row(r) for r in rows]
+
     def counts(self) -> dict[str, int]:
         rows = self._run("SELECT status, COUNT(*) AS n FROM requests GROUP BY status").fetchall()
         return {r["status"]: r["n"] for r in rows}

@@ -23,12 +23,14 @@ from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized
 from edgellm.runtime.board import BoardTelemetry
+from edgellm.runtime.console_routes import add_console_routes
 from edgellm.runtime.gpu_memory import gpu_memory
 from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_body
 from edgellm.runtime.http_common import authenticate as authenticate_request
 from edgellm.runtime.http_guard import Drain, GuardConfig, HttpGuard, remember_request_id
 from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.openai_routes import add_openai_routes
+from edgellm.runtime.process_memory import process_memory
 from edgellm.runtime.prometheus import prometheus_text
 from edgellm.runtime.settings import Settings
 from edgellm.runtime.supervisor import WorkerEngine
@@ -240,6 +242,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
         memory = await asyncio.to_thread(gpu_memory)
         if memory is not None:
             body["gpu_memory"] = memory
+        body["process_memory"] = process_memory(body.get("engine", {}).get("worker_pid"))
         return respond(body)
 
     @app.get("/metrics")
@@ -250,6 +253,7 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
         return respond(service.metrics())
 
     add_openai_routes(app, service, settings.body_limit())
+    add_console_routes(app, service, settings.body_limit())
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
