@@ -297,8 +297,12 @@ class Registry:
         self._lock_file.close()  # releases the flock
 
 
+SQLITE_FULL = 13  # SQLite's result code for a full disk (sqlite3.SQLITE_FULL exists only from Python 3.11)
+
+
 def _registry_error(exc: sqlite3.Error) -> RegistryError:
-    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc):
+    # sqlite_errorcode too is 3.11+; on 3.10 the message ("database or disk is full") tells.
+    if getattr(exc, "sqlite_errorcode", None) == SQLITE_FULL or "full" in str(exc):
         return RegistryFull(f"the request registry cannot grow (disk full?): {exc}; free space and retry")
     return RegistryError(f"request registry failed: {exc}")
 

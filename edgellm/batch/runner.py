@@ -142,6 +142,9 @@ def load_requests(path: Path) -> list[dict[str, Any]]:
     except RecursionError:
         raise BatchInputError(f"{path}: not valid JSON (nested too deeply)") from None
     except ValueError as exc:  # an integer literal over Python's 4300-digit limit
+        if "integer string conversion" in str(exc):  # worded differently by each Python version
+            limit = sys.get_int_max_str_digits()
+            raise BatchInputError(f"{path}: not valid JSON (an integer has more than {limit} digits)") from None
         raise BatchInputError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
         raise BatchInputError(f'{path}: expected a JSON object with a "requests" array')
