@@ -40,9 +40,10 @@ def node_cpu(node: NodeProcess) -> float:
     return sum(cpu_seconds(p) for p in pids)
 
 
-def measure(node: NodeProcess, seconds: float) -> float:
+def measure(node: NodeProcess, seconds: float, wait=time.sleep) -> float:
+    """The node's CPU (% of one core) over `seconds`; `wait` sleeps (a page's, so its events are handled)."""
     start, t0 = node_cpu(node), time.monotonic()
-    time.sleep(seconds)
+    wait(seconds)
     return 100 * (node_cpu(node) - start) / (time.monotonic() - t0)
 
 
@@ -61,15 +62,24 @@ def main() -> int:
                 browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
                 page = browser.new_page()
                 loaded: dict[str, int] = {}
-                page.on("response", lambda r: loaded.__setitem__(r.url, len(r.body())) if r.ok else None)
+                traffic = [0]
+
+                def record(response) -> None:
+                    try:
+                        size = len(response.body()) if response.ok else 0
+                    except Exception:  # the page closed under it
+                        return
+                    loaded[response.url] = size
+                    traffic[0] += size
+
+                page.on("response", record)
                 page.goto(node.base + "/")
-                page.wait_for_function("document.getElementById('s-model').textContent !== '-'")
+                page.wait_for_function("() => document.getElementById('s-model').textContent !== '-'")
                 time.sleep(2)
                 first_load = {u: n for u, n in loaded.items() if u.endswith(("/", ".js", ".css"))}
-                traffic = [0]
-                page.on("response", lambda r: traffic.__setitem__(0, traffic[0] + len(r.body())) if r.ok else None)
+                traffic[0] = 0
                 browser_start = time.monotonic()
-                with_page = measure(node, args.seconds)
+                with_page = measure(node, args.seconds, lambda s: page.wait_for_timeout(1000 * s))
                 per_second = traffic[0] / (time.monotonic() - browser_start)
                 browser.close()
         finally:

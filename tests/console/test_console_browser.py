@@ -41,14 +41,14 @@ def test_status_shows_the_model_and_follows_a_running_request(page, open_node):
 
 def test_playground_streams_the_answer(page, open_node):
     page.goto(open_node.base + "/console")
-    page.get_by_role("button", name="Playground").click()
+    page.get_by_role("tab", name="Playground").click()
     page.get_by_label("User message").fill("Tell me a long story about a robot that paints.")
     page.get_by_label("Max tokens").fill("300")
     page.get_by_label("Constraint").select_option("")
     page.get_by_role("button", name="Send").click()
     # Text shows while the request is still running (Stop is enabled only then): it streams.
     page.wait_for_function(
-        "document.getElementById('p-output').textContent.length > 0 && !document.getElementById('p-stop').disabled"
+        "() => document.getElementById('p-output').textContent.length > 0 && !document.getElementById('p-stop').disabled"
     )
     expect(page.locator("#p-meta")).to_contain_text("finish:", timeout=60_000)
     assert len(page.locator("#p-output").inner_text()) > 40
@@ -57,7 +57,7 @@ def test_playground_streams_the_answer(page, open_node):
 
 def test_schema_constrained_output_is_valid_json_and_says_so(page, open_node):
     page.goto(open_node.base + "/console")
-    page.get_by_role("button", name="Playground").click()
+    page.get_by_role("tab", name="Playground").click()
     page.get_by_label("User message").fill("Describe a garden robot as JSON.")
     page.get_by_label("Temperature").fill("0")
     page.get_by_label("Constraint").select_option("json_schema")
@@ -78,7 +78,7 @@ def test_schema_constrained_output_is_valid_json_and_says_so(page, open_node):
 
 def test_copy_buttons_give_runnable_requests(page, open_node):
     page.goto(open_node.base + "/console")
-    page.get_by_role("button", name="Playground").click()
+    page.get_by_role("tab", name="Playground").click()
     page.get_by_label("Constraint").select_option("regex")
     page.get_by_label("Schema, pattern, choices or grammar").fill("[0-9]{3}")
     page.get_by_role("button", name="Copy as requests.json line").click()
@@ -96,7 +96,7 @@ def test_copy_buttons_give_runnable_requests(page, open_node):
 
 def test_requests_tab_lists_and_watches_an_async_request(page, open_node):
     page.goto(open_node.base + "/console")
-    page.get_by_role("button", name="Playground").click()
+    page.get_by_role("tab", name="Playground").click()
     page.get_by_label("User message").fill("Say hello in French.")
     page.get_by_label("Max tokens").fill("24")
     page.get_by_label("Constraint").select_option("")
@@ -104,7 +104,7 @@ def test_requests_tab_lists_and_watches_an_async_request(page, open_node):
     expect(page.locator("#requests")).to_be_visible()
     expect(page.locator("#r-detail")).to_contain_text('"status": "completed"', timeout=60_000)
     expect(page.locator("#r-rows tr").first).to_contain_text("async")
-    page.get_by_label("Status").select_option("failed")
+    page.get_by_label("Filter by status").select_option("failed")
     page.get_by_role("button", name="Refresh").click()
     expect(page.locator("#r-rows tr")).to_have_count(0)
     screenshot(page, "requests")
@@ -140,7 +140,7 @@ def test_no_serious_accessibility_violations(page, open_node):
     expect(page.locator("#s-model")).to_have_text(MODEL)
     axe = Axe()
     for tab in ("Status", "Playground", "Requests"):
-        page.get_by_role("button", name=tab).click()
+        page.get_by_role("tab", name=tab).click()
         results = axe.run(page)
         bad = [v for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
         assert not bad, f"{tab}: " + "; ".join(f"{v['id']}: {v['help']} ({len(v['nodes'])})" for v in bad)
