@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_status ON requests(status);
 CREATE INDEX IF NOT EXISTS requests_expires ON requests(expires_at);
+CREATE INDEX IF NOT EXISTS requests_created ON requests(created_at);
 """
 
 
@@ -270,17 +271,28 @@ class Registry:
 
     def recent(
         self, limit: int = 50, *, status: RequestStatus | None = None, owner: str | None = None
-    ) -> list[RequestRecord]:
-        """The newest unexpired records, newest first, that `owner` may read (its own and anonymous ones,
-        as request_status decides)."""
+    ) -> list[dict[str, Any]]:
+        """Summaries of the newest unexpired records, newest first, that `owner` may read (its own and
+        anonymous ones, as request_status decides). Only the summary fields are read: params and
+        results can be megabytes, and the console asks every second while it watches a request."""
         where, args = ["(expires_at IS NULL OR expires_at > ?)", "(owner IS NULL OR owner = ?)"], [time.time(), owner]
         if status is not None:
             where.append("status = ?")
             args.append(status.value)
-        rows = self._run(
-            f"SELECT * FROM requests WHERE {' AND '.join(where)} ORDER BY created_at DESC LIMIT ?", (*args, limit)
-        ).fetchall()
-        return [RequestRecord.from_row(r) for r in rows]
+        sql = (
+            "SELECT request_id, mode, status, created_at, finished_at, error, error_type, attempts, "
+            "json_extract(result, '$.FULL_OUTPUT[0].usage.prompt_tokens') AS prompt_tokens, "
+            "json_extract(result, '$.FULL_OUTPUT[0].usage.completion_tokens') AS completion_tokens, "
+            "json_extract(result, '$.FULL_OUTPUT[0].timings.ttft_ms') AS ttft_ms, "
+            "json_extract(result, '$.FULL_OUTPUT[0].choices[0].finish_reason') AS finish_reason "
+            f"FROM requests WHERE {' AND '.join(where)} ORDER BY created_at DESC LIMIT ?"
+        )
+        try:
+            with self._lock:
+                rows = self._db.execute(sql, (*args, limit)).fetchall()
+        except sqlite3.Error as exc:
+            raise _registry_error(exc) from exc
+        return [dict(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
         rows = self._run("SELECT status, COUNT(*) AS n FROM requests GROUP BY status").fetchall()

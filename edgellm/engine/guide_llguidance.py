@@ -126,6 +126,15 @@ def grammar_for(spec: GuideSpec) -> str:
     return grammar
 
 
+def text_satisfies(spec: GuideSpec, text: str) -> bool:
+    """Whether `text` is an output the guide admits, read byte by byte by llguidance's matcher (linear in
+    the text, whatever the pattern: no regex backtracking) with the grammar generation itself used."""
+    matcher = LLMatcher(_byte_tokenizer(), _grammar(spec), log_level=0)
+    if matcher.is_error():
+        raise GuideError(f"invalid {spec.kind.value} guide: {short_error(matcher.get_error())}")
+    return bool(matcher.consume_tokens(list(text.encode("utf-8", "surrogatepass")))) and matcher.is_accepting()
+
+
 def _grammar(spec: GuideSpec) -> str:
     """The grammar without the shortest-completion walk: what the worker compiles a request with
     that grammar_for already accepted at submit."""

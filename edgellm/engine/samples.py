@@ -61,8 +61,10 @@ class SampleGroup:
 
     def combined(self) -> EngineOutput:
         outs = [self.finals[i] for i in range(self.n)]
-        # One failed sample fails the request (as one sample of a request with n = 1 would).
-        failed = next((o for o in outs if o.error is not None or o.finish_reason in _ENDED_EARLY), None)
+        # One failed sample fails the request (as one sample of a request with n = 1 would); the samples
+        # cancelled because of it do not hide its error.
+        failed = next((o for o in outs if o.error is not None and o.finish_reason is not FinishReason.ABORT), None)
+        failed = failed or next((o for o in outs if o.error is not None or o.finish_reason in _ENDED_EARLY), None)
         head = failed or outs[0]
         return EngineOutput(
             self.request.request_id,

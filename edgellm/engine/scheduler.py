@@ -434,7 +434,7 @@ class Scheduler:
             index = group.unstarted.popleft()
             prepared, guide = group.prepared, group.guides[index]
             keep = len(prepared.prompt) - 1
-            slot = idle[0]
+            slot = min(idle, key=lambda s: len(s.cached))  # keep the most valuable prefix caches
             if source is not None and self.model.copy_sequence(source.seq_id, slot.seq_id, source.prompt_end - 1):
                 slot.start(
                     prepared,
@@ -523,7 +523,14 @@ class Scheduler:
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
         group = slot.group
         slot.reset(commit=slot.request.cache_commit)
-        return out if group is None else self._group_done(group, group.finish(out))
+        if group is None:
+            return out
+        combined = group.finish(out)
+        if combined is None and out.error is not None and reason is not FinishReason.ABORT:
+            # One failed sample fails the request: the others stop now instead of generating for nothing.
+            self._aborted.add(group.request.request_id)
+            combined = group.cancel_unstarted(FinishReason.ABORT, "another sample of this request failed")
+        return self._group_done(group, combined)
 
     def _group_done(self, group: SampleGroup, combined: EngineOutput | None) -> EngineOutput | None:
         """An n > 1 request's final output, once its last sample has ended (None until then)."""

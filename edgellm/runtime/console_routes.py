@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
-from edgellm.api.openai_compat import error_body
-from edgellm.api.registry import RequestRecord, RequestStatus
+from edgellm.api.openai_compat import error_body, parse_openai_request
+from edgellm.api.registry import RequestStatus
 from edgellm.api.service import Service
+from edgellm.api.validation import ChatRequest
+from edgellm.engine.guide_llguidance import text_satisfies
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import EdgeLLMError, InvalidRequest
 from edgellm.runtime.http_common import SafeJSONResponse, authenticate, read_json_body
@@ -56,7 +56,7 @@ def add_console_routes(app: FastAPI, service: Service, max_body_bytes: int) -> N
             )
         except EdgeLLMError as exc:
             return SafeJSONResponse(exc.to_body(), status_code=exc.http_status, headers=exc.headers)
-        return SafeJSONResponse({"requests": [_summary(r) for r in rows]})
+        return SafeJSONResponse({"requests": rows})
 
     @app.post("/console/api/check", include_in_schema=False)
     async def check_request(request: Request) -> Response:
@@ -64,11 +64,11 @@ def add_console_routes(app: FastAPI, service: Service, max_body_bytes: int) -> N
         vocabulary) without running it: the playground's "Check" button."""
         try:
             authenticate(service, request)
-            chat, opts = await service.parse_openai(await read_json_body(request, max_body_bytes))
+            chat = await _parse(service, await read_json_body(request, max_body_bytes))
         except EdgeLLMError as exc:
             return SafeJSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
         guide = chat.guide.kind.value if chat.guide is not None else None
-        return SafeJSONResponse({"ok": True, "guide": guide, "max_tokens": chat.max_tokens, "stream": opts.stream})
+        return SafeJSONResponse({"ok": True, "guide": guide, "max_tokens": chat.max_tokens})
 
     @app.post("/console/api/validate", include_in_schema=False)
     async def validate_output(request: Request) -> Response:
@@ -79,7 +79,7 @@ def add_console_routes(app: FastAPI, service: Service, max_body_bytes: int) -> N
             text = body.get("text") if isinstance(body, dict) else None
             if not isinstance(text, str) or len(text) > MAX_CHECKED_TEXT:
                 raise InvalidRequest(f"text must be a string of at most {MAX_CHECKED_TEXT} characters", param="text")
-            chat, _ = await service.parse_openai(body.get("request"))
+            chat = await _parse(service, body.get("request"))
         except EdgeLLMError as exc:
             return SafeJSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
         valid, detail = await asyncio.to_thread(check_output, chat.guide, text)
@@ -88,34 +88,38 @@ def add_console_routes(app: FastAPI, service: Service, max_body_bytes: int) -> N
         )
 
 
+async def _parse(service: Service, body: Any) -> ChatRequest:
+    """The node's checks of a chat-completions body (fields, then the guide compiling and the vocabulary),
+    without fetching or decoding its images/audio: nothing is run, so they are not needed."""
+    chat, _ = parse_openai_request(body, service.model_name, **service.config.limits())
+    await service.check_engine_limits(chat)
+    return chat
+
+
 def check_output(guide: GuideSpec | None, text: str) -> tuple[bool | None, str]:
-    """(valid, why): True/False where the constraint can be checked here, None where it cannot."""
+    """(valid, why) of a text against the request's constraint; None when there is none. The verdict is
+    llguidance's, on the grammar generation used (linear in the text: a hostile pattern cannot stall it)."""
     if guide is None:
         return None, "no structured-output constraint"
     if guide.kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
         try:
-            value = json.loads(text)
+            json.loads(text, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:
             return False, f"not JSON: {exc}"[:300]
-        if guide.kind is GuideKind.JSON_OBJECT:
-            return (True, "a JSON object") if isinstance(value, dict) else (False, "JSON, but not an object")
-        try:
-            jsonschema.validate(value, guide.spec)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-            return False, f"at {where}: {exc.message}"[:300]
-        except (jsonschema.SchemaError, RecursionError) as exc:
-            return None, f"the schema could not be applied here: {exc}"[:300]
-        return True, "valid against the schema"
-    if guide.kind is GuideKind.CHOICE:
-        return (True, "one of the choices") if text in guide.spec else (False, "not one of the choices")
-    if guide.kind is GuideKind.REGEX:
-        try:
-            matched = re.fullmatch(guide.spec, text) is not None
-        except re.error:
-            return None, "the pattern uses syntax Python's re does not read; generated under it, not re-checked"
-        return matched, "matches the pattern (checked with Python's re)" if matched else "does not match the pattern"
-    return None, "generated under the grammar; not re-checked here"
+    what = {
+        GuideKind.JSON_OBJECT: "a JSON object",
+        GuideKind.JSON_SCHEMA: "valid against the schema",
+        GuideKind.REGEX: "matches the pattern",
+        GuideKind.CHOICE: "one of the choices",
+        GuideKind.EBNF: "derived by the grammar",
+    }.get(guide.kind, f"admitted by the {guide.kind.value} constraint")
+    if text_satisfies(guide, text):
+        return True, what
+    return False, f"not {what}" if guide.kind is not GuideKind.JSON_SCHEMA else "not valid against the schema"
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _status(value: str | None) -> RequestStatus | None:
@@ -126,27 +130,6 @@ def _status(value: str | None) -> RequestStatus | None:
     except ValueError:
         known = ", ".join(s.value for s in RequestStatus)
         raise InvalidRequest(f"status must be one of {known}", param="status") from None
-
-
-def _summary(rec: RequestRecord) -> dict[str, Any]:
-    """One row of the console's request log: no params, metadata or text (the detail view has them)."""
-    full = (rec.result or {}).get("FULL_OUTPUT") or [{}]
-    usage = full[0].get("usage") or {}
-    timings = full[0].get("timings") or {}
-    return {
-        "request_id": rec.request_id,
-        "mode": rec.mode,
-        "status": rec.status.value,
-        "created_at": rec.created_at,
-        "finished_at": rec.finished_at,
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "completion_tokens": usage.get("completion_tokens"),
-        "ttft_ms": timings.get("ttft_ms"),
-        "finish_reason": (full[0].get("choices") or [{}])[0].get("finish_reason"),
-        "error": rec.error,
-        "error_type": rec.error_type,
-        "attempts": rec.attempts,
-    }
 
 
 # The page runs only its own files: no inline script, no other origin (a hostile text shown in it stays text).

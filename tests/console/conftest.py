@@ -22,7 +22,9 @@ def chromium_path() -> str:
     pytest.fail("no Chromium on this machine: `make system-deps` installs the Debian package chromium")
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running in this thread while it is open, and
+# later tests that call asyncio.run() must not find it there.
+@pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 

@@ -48,7 +48,8 @@ def test_playground_streams_the_answer(page, open_node):
     page.get_by_role("button", name="Send").click()
     # Text shows while the request is still running (Stop is enabled only then): it streams.
     page.wait_for_function(
-        "() => document.getElementById('p-output').textContent.length > 0 && !document.getElementById('p-stop').disabled"
+        "() => document.getElementById('p-output').textContent.length > 0"
+        " && !document.getElementById('p-stop').disabled"
     )
     expect(page.locator("#p-meta")).to_contain_text("finish:", timeout=60_000)
     assert len(page.locator("#p-output").inner_text()) > 40

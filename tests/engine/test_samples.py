@@ -99,3 +99,22 @@ def test_aborting_ends_running_and_waiting_samples_with_one_output(engine):
     assert len(finals) == 1
     assert finals[0].finish_reason is FinishReason.ABORT and len(finals[0].choices) == n
     assert not scheduler.groups
+
+
+def test_one_failed_sample_fails_the_request_and_stops_the_others(engine, monkeypatch):
+    # A fake only to force a fault at an exact point: sampling fails in sample 1 at its third token.
+    real = engine.scheduler.token_step.advance
+
+    def faulty(slot, rows, r):
+        if slot.request_id == "fail-n" and slot.index == 1 and len(slot.generated) >= 2:
+            raise RuntimeError("forced fault in sample 1")
+        return real(slot, rows, r)
+
+    monkeypatch.setattr(engine.scheduler.token_step, "advance", faulty)
+    out = engine.one(ask("fail-n", "Write a long poem about the sea.", 3, temperature=0.8, max_tokens=120))
+    assert out.error is not None and "forced fault in sample 1" in out.error
+    reasons = {c.index: c.finish_reason for c in out.choices}
+    assert reasons[1] is FinishReason.ERROR
+    assert reasons[0] is FinishReason.ABORT and reasons[2] is FinishReason.ABORT
+    assert all(c.completion_tokens < 20 for c in out.choices)  # the others stopped at once
+    assert not engine.scheduler.groups

@@ -70,18 +70,26 @@ function showLogin(message) {
   for (const id of ["status", "playground", "requests"]) $(id).hidden = true;
   $("login").hidden = false;
   $("login-error").textContent = state.token ? message || "" : "";
-  $("conn").textContent = "locked";
+  setConn("locked");
   $("token").focus();
 }
+
+let openRetry = 1000;
 
 async function open() {
   try {
     const models = await api("/v1/models");
     state.model = models.data[0].id;
   } catch (err) {
-    if (err.status !== 401) $("conn").textContent = `node unreachable: ${err.message}`;
+    if (err.status !== 401) {
+      // A node that is restarting answers again soon: retry, backing off to every 30 s.
+      setConn(`node unreachable: ${err.message}; retrying`);
+      setTimeout(open, openRetry);
+      openRetry = Math.min(30000, openRetry * 2);
+    }
     return;
   }
+  openRetry = 1000;
   state.ready = true;
   $("login").hidden = true;
   $("model-name").textContent = state.model;
@@ -90,6 +98,7 @@ async function open() {
 }
 
 function selectTab(name) {
+  if (name !== "requests") watching += 1;
   state.tab = name;
   for (const tab of document.querySelectorAll(".tab")) {
     const on = tab.getAttribute("aria-controls") === name;
@@ -101,20 +110,31 @@ function selectTab(name) {
 
 // -- status -------------------------------------------------------------------------------------
 let pollTimer = null;
+let polling = false; // one refresh chain at a time (visibility changes and logins may call poll again)
 
 async function poll() {
   clearTimeout(pollTimer);
-  if (state.ready && !document.hidden) {
-    try {
+  if (polling) return;
+  polling = true;
+  try {
+    if (state.ready && !document.hidden) {
       const [status, metrics] = await Promise.all([api("/status"), api("/metrics")]);
       renderStatus(status, metrics);
-      $("conn").textContent = `live · ${new Date().toLocaleTimeString()}`;
-    } catch (err) {
-      if (err.status !== 401) $("conn").textContent = `status unavailable: ${err.message}`;
+      setConn("live");
+      $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     }
+  } catch (err) {
+    if (err.status !== 401) setConn(`status unavailable: ${err.message}`);
+  } finally {
+    polling = false;
   }
   // Idle tabs cost nothing: a hidden page does not poll (the visibility listener restarts it).
   if (state.ready && !document.hidden) pollTimer = setTimeout(poll, POLL_MS);
+}
+
+// The live region announces changes of the connection only, not every refresh.
+function setConn(text) {
+  if ($("conn").textContent !== text) $("conn").textContent = text;
 }
 
 function fmt(value, digits = 1) {
@@ -278,6 +298,7 @@ async function send(event) {
   $("p-send").disabled = true;
   $("p-stop").disabled = false;
   const started = performance.now();
+  $("p-output").setAttribute("aria-busy", "true");
   let text = "";
   let finish = null;
   let usage = null;
@@ -316,6 +337,7 @@ async function send(event) {
   } finally {
     $("p-send").disabled = false;
     $("p-stop").disabled = true;
+    $("p-output").setAttribute("aria-busy", "false");
     state.abort = null;
   }
 }
@@ -323,6 +345,14 @@ async function send(event) {
 // Server-sent events of /v1/chat/completions: "data: {chunk}" lines, then "data: [DONE]".
 async function readStream(res, onText) {
   const reader = res.body.getReader();
+  try {
+    return await readEvents(reader, onText);
+  } finally {
+    reader.cancel().catch(() => {}); // an error event or a bad chunk: the node stops generating
+  }
+}
+
+async function readEvents(reader, onText) {
   const decoder = new TextDecoder();
   let buffer = "";
   let text = "";
@@ -330,7 +360,7 @@ async function readStream(res, onText) {
   let usage = null;
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) break;
+    if (done) throw new Error("the stream ended before its end marker ([DONE])");
     buffer += decoder.decode(value, { stream: true });
     let cut;
     while ((cut = buffer.indexOf("\n\n")) >= 0) {
@@ -354,7 +384,6 @@ async function readStream(res, onText) {
       }
     }
   }
-  return { text, finish, usage };
 }
 
 async function validate(body, text) {
@@ -456,7 +485,10 @@ function requestRow(r) {
   const button = document.createElement("button");
   button.type = "button";
   button.textContent = r.request_id;
-  button.addEventListener("click", () => showRequest(r.request_id));
+  button.addEventListener("click", () => {
+    watching += 1; // the user chose another request: stop following the submitted one
+    showRequest(r.request_id);
+  });
   idCell.append(button);
   const cells = [
     r.mode,
@@ -486,11 +518,21 @@ async function showRequest(id) {
   }
 }
 
+let watching = 0; // the current watch; a new watch, a row click or leaving the tab ends the old one
+const WATCH_LIMIT_S = 3600;
+
 async function watch(id) {
-  for (;;) {
-    const rec = await showRequest(id);
-    await loadRequests();
-    if (!rec || rec.status !== "pending") return;
+  const mine = ++watching;
+  const until = Date.now() + 1000 * WATCH_LIMIT_S;
+  while (mine === watching && Date.now() < until) {
+    if (!document.hidden && state.tab === "requests") {
+      const rec = await showRequest(id);
+      if (mine !== watching) return;
+      if (!rec || rec.status !== "pending") {
+        await loadRequests();
+        return;
+      }
+    }
     await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
 }
