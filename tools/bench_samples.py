@@ -25,14 +25,9 @@ from edgellm.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from edgellm.offline import OfflineEngine  # noqa: E402
 from edgellm.runtime.settings import bundled_model_path  # noqa: E402
 
-REPORT = (
-    "Maintenance log, greenhouse 4, 12 March. At 06:10 the operator Maria Lopez found that irrigation valve "
-    "V-3 in row 12 was stuck half open. Soil moisture sensor S-17 read 41 percent, above the 35 percent "
-    "target, and the drip line pressure was 1.8 bar. She closed the manual bypass, replaced the valve "
-    "solenoid (part number SOL-2240) and tested the valve three times. At 07:05 the moisture reading was "
-    "back to 36 percent. Next inspection is due on 19 March. The fan F-2 made a rattling noise and should "
-    "be checked by the electrician, Tom Becker, before the end of the week."
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_speculative import REPORT  # noqa: E402  (the same maintenance log as the speculation bench)
+
 PROMPTS = {
     "short question": "Suggest a name for a greenhouse robot.",
     "one log (~200 tok)": f"Write a one-line headline for this log.\n\n{REPORT}",

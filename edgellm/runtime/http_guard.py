@@ -194,7 +194,8 @@ class HttpGuard:
             # and finds the response started): answer instead of letting uvicorn send a text 500.
             if not self.drain.expired or exchange.started or task is None:
                 raise
-            task.uncancel()
+            if hasattr(task, "uncancel"):  # 3.11+ counts cancellations; 3.10 forgets one once it is caught
+                task.uncancel()
             await self._shutdown_response(scope, guarded_receive, guarded_send, exchange)
         finally:
             self.drain.discard(task)

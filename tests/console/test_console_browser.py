@@ -15,6 +15,15 @@ from tests.console.conftest import TOKEN, screenshot
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def playground(page, node, **fields: str) -> None:
+    """Open the playground and fill fields by their label (a Constraint is selected, not typed)."""
+    page.goto(node.base + "/console")
+    page.get_by_role("tab", name="Playground").click()
+    for label, value in fields.items():
+        field = page.get_by_label(label.replace("_", " "))
+        field.select_option(value) if label == "Constraint" else field.fill(value)
+
+
 def test_status_shows_the_model_and_follows_a_running_request(page, open_node):
     page.goto(open_node.base + "/")
     expect(page.locator("#s-model")).to_have_text(MODEL)
@@ -40,11 +49,13 @@ def test_status_shows_the_model_and_follows_a_running_request(page, open_node):
 
 
 def test_playground_streams_the_answer(page, open_node):
-    page.goto(open_node.base + "/console")
-    page.get_by_role("tab", name="Playground").click()
-    page.get_by_label("User message").fill("Tell me a long story about a robot that paints.")
-    page.get_by_label("Max tokens").fill("300")
-    page.get_by_label("Constraint").select_option("")
+    playground(
+        page,
+        open_node,
+        User_message="Tell me a long story about a robot that paints.",
+        Max_tokens="300",
+        Constraint="",
+    )
     page.get_by_role("button", name="Send").click()
     # Text shows while the request is still running (Stop is enabled only then): it streams.
     page.wait_for_function(
@@ -57,11 +68,9 @@ def test_playground_streams_the_answer(page, open_node):
 
 
 def test_schema_constrained_output_is_valid_json_and_says_so(page, open_node):
-    page.goto(open_node.base + "/console")
-    page.get_by_role("tab", name="Playground").click()
-    page.get_by_label("User message").fill("Describe a garden robot as JSON.")
-    page.get_by_label("Temperature").fill("0")
-    page.get_by_label("Constraint").select_option("json_schema")
+    playground(
+        page, open_node, User_message="Describe a garden robot as JSON.", Temperature="0", Constraint="json_schema"
+    )
     page.get_by_role("button", name="Check on the node").click()
     expect(page.locator("#p-check-result")).to_contain_text("The node accepts this request (constraint: json_schema)")
     page.get_by_role("button", name="Send").click()
@@ -78,9 +87,7 @@ def test_schema_constrained_output_is_valid_json_and_says_so(page, open_node):
 
 
 def test_copy_buttons_give_runnable_requests(page, open_node):
-    page.goto(open_node.base + "/console")
-    page.get_by_role("tab", name="Playground").click()
-    page.get_by_label("Constraint").select_option("regex")
+    playground(page, open_node, Constraint="regex")
     page.get_by_label("Schema, pattern, choices or grammar").fill("[0-9]{3}")
     page.get_by_role("button", name="Copy as requests.json line").click()
     line = json.loads(page.locator("#p-copied").input_value())
@@ -96,11 +103,7 @@ def test_copy_buttons_give_runnable_requests(page, open_node):
 
 
 def test_requests_tab_lists_and_watches_an_async_request(page, open_node):
-    page.goto(open_node.base + "/console")
-    page.get_by_role("tab", name="Playground").click()
-    page.get_by_label("User message").fill("Say hello in French.")
-    page.get_by_label("Max tokens").fill("24")
-    page.get_by_label("Constraint").select_option("")
+    playground(page, open_node, User_message="Say hello in French.", Max_tokens="24", Constraint="")
     page.get_by_role("button", name="Submit async and watch").click()
     expect(page.locator("#requests")).to_be_visible()
     expect(page.locator("#r-detail")).to_contain_text('"status": "completed"', timeout=60_000)

@@ -282,13 +282,8 @@ async function checkRequest() {
 
 async function send(event) {
   event.preventDefault();
-  let body;
-  try {
-    body = buildBody();
-  } catch (err) {
-    say("p-check-result", err.message, "bad");
-    return;
-  }
+  const body = freshBody();
+  if (!body) return;
   const stream = $("p-stream").checked;
   state.lastBody = body;
   say("p-output", "");
@@ -405,13 +400,19 @@ function copyText(text) {
   if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(text).catch(() => {});
 }
 
-function currentBody() {
+// The form's request, or null after saying what is wrong with it (e.g. a schema that is not JSON).
+function freshBody() {
   try {
-    return state.lastBody || buildBody();
+    return buildBody();
   } catch (err) {
     say("p-check-result", err.message, "bad");
     return null;
   }
+}
+
+// What the copy buttons give: the request last sent, else the form's.
+function currentBody() {
+  return state.lastBody || freshBody();
 }
 
 const EXTRA_FIELDS = ["guided_decoding", "top_k", "min_p", "repeat_penalty", "timeout"];
@@ -447,13 +448,8 @@ function copyJsonLine() {
 }
 
 async function submitAsync() {
-  let body;
-  try {
-    body = buildBody();
-  } catch (err) {
-    say("p-check-result", err.message, "bad");
-    return;
-  }
+  const body = freshBody();
+  if (!body) return;
   const { model, ...seedBody } = body; // the seed endpoints take the same fields, without `model`
   try {
     const ack = await api("/create_chat_completion_async", { json: seedBody });
