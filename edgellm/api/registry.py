@@ -182,6 +182,15 @@ class Registry:
         except sqlite3.Error as exc:
             raise _registry_error(exc) from exc
 
+    def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        """A query's rows, read while the lock is held (another thread's statement on this connection
+        must not run between the execute and the fetch)."""
+        try:
+            with self._lock:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise _registry_error(exc) from exc
+
     def insert(
         self, request_id: str, mode: str, params: dict, metadata: dict, seed: int, *, owner: str | None = None
     ) -> bool:
@@ -250,23 +259,21 @@ class Registry:
         self._run("UPDATE requests SET attempts = attempts + 1 WHERE request_id=?", (request_id,))
 
     def get(self, request_id: str) -> RequestRecord | None:
-        row = self._run("SELECT * FROM requests WHERE request_id=?", (request_id,)).fetchone()
+        row = next(iter(self._rows("SELECT * FROM requests WHERE request_id=?", (request_id,))), None)
         if row is None or (row["expires_at"] is not None and row["expires_at"] <= time.time()):
             return None
         return RequestRecord.from_row(row)
 
     def pending(self) -> list[RequestRecord]:
-        rows = self._run(
-            "SELECT * FROM requests WHERE status=? ORDER BY created_at", (RequestStatus.PENDING.value,)
-        ).fetchall()
+        rows = self._rows("SELECT * FROM requests WHERE status=? ORDER BY created_at", (RequestStatus.PENDING.value,))
         return [RequestRecord.from_row(r) for r in rows]
 
     def pending_from_earlier_boots(self) -> list[RequestRecord]:
         """The work a restart must recover: pending rows accepted by another node process."""
-        rows = self._run(
+        rows = self._rows(
             "SELECT * FROM requests WHERE status=? AND boot_id != ? ORDER BY created_at",
             (RequestStatus.PENDING.value, self.boot_id),
-        ).fetchall()
+        )
         return [RequestRecord.from_row(r) for r in rows]
 
     def recent(
@@ -287,15 +294,10 @@ class Registry:
             "json_extract(result, '$.FULL_OUTPUT[0].choices[0].finish_reason') AS finish_reason "
             f"FROM requests WHERE {' AND '.join(where)} ORDER BY created_at DESC LIMIT ?"
         )
-        try:
-            with self._lock:
-                rows = self._db.execute(sql, (*args, limit)).fetchall()
-        except sqlite3.Error as exc:
-            raise _registry_error(exc) from exc
-        return [dict(r) for r in rows]
+        return [dict(r) for r in self._rows(sql, (*args, limit))]
 
     def counts(self) -> dict[str, int]:
-        rows = self._run("SELECT status, COUNT(*) AS n FROM requests GROUP BY status").fetchall()
+        rows = self._rows("SELECT status, COUNT(*) AS n FROM requests GROUP BY status")
         return {r["status"]: r["n"] for r in rows}
 
     def evict_expired(self) -> int:

@@ -143,14 +143,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _batch_fits_every_slot(self) -> Settings:
-        # Each step puts at least one token per generating slot into one llama_decode batch of at
-        # most n_batch tokens (guided decoding fast-forwards up to n_batch // n_slots per slot), so
-        # with n_batch < n_slots a full house can never be decoded: every step would fail.
-        if isinstance(self.n_slots, int) and self.n_batch < self.n_slots:
-            raise ValueError(
-                f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): every generating slot "
-                "feeds at least one token into each decode batch; raise n_batch or lower n_slots"
-            )
+        if isinstance(self.n_slots, int):  # n_slots auto: checked once the memory plan has chosen it
+            _check_batch_fits(self.n_batch, self.n_slots)
         return self
 
     @field_validator("memory_budget")
@@ -227,8 +221,10 @@ class Settings(BaseSettings):
         )
         if not plan.fits:
             raise SettingsError(f"the model does not fit the memory budget: {plan.refusal()}")
-        if self.n_batch < plan.n_slots:
-            raise SettingsError(f"n_batch ({self.n_batch}) must be at least n_slots ({plan.n_slots})")
+        try:
+            _check_batch_fits(self.n_batch, plan.n_slots)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         return plan
 
     def model(self) -> ModelConfig:
@@ -299,6 +295,17 @@ class Settings(BaseSettings):
                 f"refusing to listen on non-loopback address {self.host} without a token: set "
                 "INFERENCE_API_TOKEN (or tokens in the config file)"
             )
+
+
+def _check_batch_fits(n_batch: int, n_slots: int) -> None:
+    # Each step puts at least one token per generating slot into one llama_decode batch of at
+    # most n_batch tokens (guided decoding fast-forwards up to n_batch // n_slots per slot), so
+    # with n_batch < n_slots a full house can never be decoded: every step would fail.
+    if n_batch < n_slots:
+        raise ValueError(
+            f"n_batch ({n_batch}) must be at least n_slots ({n_slots}): every generating slot "
+            "feeds at least one token into each decode batch; raise n_batch or lower n_slots"
+        )
 
 
 class _NoPlan(Exception):
