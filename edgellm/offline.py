@@ -13,12 +13,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import attach_projector
 from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.slot import SlotState
 from edgellm.engine.types import EngineOutput, EngineRequest
 
 
@@ -65,12 +67,17 @@ class OfflineEngine:
         requests: Iterable[EngineRequest],
         *,
         on_finished: Callable[[RequestOutput], None] | None = None,
+        on_decoding: Callable[[tuple[str, ...]], None] | None = None,
     ) -> tuple[list[RequestOutput], RunStats]:
         """Run every request to its end; outputs come back in the order of `requests`.
 
         Requests are fed to the scheduler as its queue has room, so a file of 10 000 requests does
         not hold 10 000 prompts in preparation at once. A request that fails (bad prompt, guide,
         adapter) fails alone: its output carries the error; the others run on.
+
+        `on_decoding(ids)` is called before a step whenever the requests it decodes change (see
+        decoding()): a native crash kills the process inside llama_decode, so the crash-guarded
+        commands record which requests were in it beforehand (edgellm/runtime/crash_guard.py).
         """
         pending = deque(requests)
         order = [r.request_id for r in pending]
@@ -94,6 +101,7 @@ class OfflineEngine:
                 if on_finished is not None:
                     on_finished(result)
 
+        decoding: tuple[str, ...] = ()
         while pending or self.scheduler.has_work():
             while pending and len(self.scheduler.waiting) < self.max_waiting:
                 request = pending.popleft()
@@ -104,6 +112,11 @@ class OfflineEngine:
             if not self.scheduler.can_step():
                 self.scheduler.wait_prepared(0.05)
                 continue
+            if on_decoding is not None:
+                now = self.decoding()
+                if now and now != decoding:  # only on a change: steps come every few milliseconds
+                    decoding = now
+                    on_decoding(now)
             for out in self.scheduler.step():
                 deliver(out)
         run = RunStats(
@@ -117,6 +130,16 @@ class OfflineEngine:
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         )
         return [finals[rid] for rid in order], run
+
+    def decoding(self) -> tuple[str, ...]:
+        """The request ids the next step decodes, as far as can be told before it runs: those in a slot,
+        then the prepared ones waiting that the idle slots admit (first come, first served, as
+        Scheduler._admit does; a LoRA switch or a sample of an n > 1 request can make it admit fewer)."""
+        slots = self.scheduler.slots
+        busy = [s.request_id for s in slots if s.state is not SlotState.IDLE]
+        idle = len(slots) - len(busy)
+        ready = (p.request.request_id for p in self.scheduler.waiting if p.ready and p.future.exception() is None)
+        return tuple(dict.fromkeys([*busy, *islice(ready, idle)]))
 
     def close(self) -> None:
         self.scheduler.close()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from edgellm.runtime.settings import bundled_model_path
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, stop_all
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +44,7 @@ SLOW_FILES = (
     "tests/console/",
     "test_board.py::test_the_node_reports",
     "test_presets_and_memory.py::test_the_node_runs",
+    "test_test_hygiene.py::test_the_node_",
 )
 
 
@@ -52,3 +53,11 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if any(part in item.nodeid for part in SLOW_FILES):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own session finish, which tears the fixtures down
+def pytest_sessionfinish(session, exitstatus):
+    """The safety net for nodes still running when the run ends (Ctrl-C, an error in a fixture, a test
+    that did not stop its node): stopped gracefully here; atexit does the same outside pytest, and a
+    SIGKILLed run is covered by tests/process_hygiene.py."""
+    stop_all()

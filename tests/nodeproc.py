@@ -1,7 +1,14 @@
-"""Start the real node (`python -m edgellm serve`) as a subprocess on a free loopback port."""
+"""Start the real node (`python -m edgellm serve`) as a subprocess on a free loopback port.
+
+The node and its engine worker die with the test run however it ends (tests/process_hygiene.py: the
+node leads its own process group, PDEATHSIG on the node, the sentinel on the group; stop_all() at
+exit and at session finish for a graceful stop). wait_ready() never hangs: a node that is not healthy
+within its bound, or exits first, fails the test with its last /health answer and its log.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -11,12 +18,28 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+
+from tests.process_hygiene import reap_group, release, spawn
+
+READY_TIMEOUT_S = 120.0  # model load and the engine's self-test on a slow 2-core machine, with margin
+
+_LIVE: set[NodeProcess] = set()
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 class NodeProcess:
@@ -30,11 +53,10 @@ class NodeProcess:
         self.log_path = self.state_dir / f"node-{self.port}.log"
         self.proc: subprocess.Popen | None = None
         self.base = f"http://127.0.0.1:{self.port}"
+        self._owner = os.getpid()
 
-    def start(self, wait: bool = True, timeout: float = 120.0) -> NodeProcess:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        cmd = [
+    def command(self) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "edgellm",
@@ -45,24 +67,54 @@ class NodeProcess:
             str(self.state_dir),
             *self.args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+
+    def start(self, wait: bool = True, timeout: float = READY_TIMEOUT_S) -> NodeProcess:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            # Its own process group: the engine worker it spawns is in it, and so reachable (stop, sentinel).
+            self.proc = spawn(
+                self.command(),
+                own_group=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+        self._owner = os.getpid()
+        _LIVE.add(self)
         if wait:
             self.wait_ready(timeout)
         return self
 
-    def wait_ready(self, timeout: float = 120.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> dict:
+        """Poll /health until it answers 200 (returns its body). Fails the test, never hangs, when the
+        node exits first or is not healthy after `timeout` s; the node is stopped then."""
+        started = time.monotonic()
+        deadline = started + timeout
+        last_body, last_error = None, None
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                took = time.monotonic() - started
+                self._fail(f"node exited ({describe_exit(code)}) before it was healthy ({took:.1f} s)", last_body)
             try:
-                r = httpx.get(self.base + "/health", timeout=2)
+                r = httpx.get(self.base + "/health", timeout=max(0.2, min(2.0, deadline - time.monotonic())))
                 if r.status_code == 200:
                     return r.json()
-            except httpx.HTTPError:
-                pass
+                last_body, last_error = f"HTTP {r.status_code}: {r.text[:2000]}", None
+            except httpx.HTTPError as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() >= deadline:
+                self._fail(f"node not healthy after {timeout:g} s", last_body, last_error)
             time.sleep(0.2)
-        raise TimeoutError(f"node not ready after {timeout} s:\n{self.log()}")
+
+    def _fail(self, what: str, last_body: str | None, last_error: str | None = None) -> None:
+        tail = self.log()
+        self.stop(timeout=10)
+        health = f"last /health: {last_body}" if last_body else "/health never answered"
+        if last_error:
+            health += f" (last attempt: {last_error})"
+        pytest.fail(f"{what}; {health}\n--- node log ({self.log_path}), last lines ---\n{tail}", pytrace=False)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
@@ -71,17 +123,36 @@ class NodeProcess:
         return httpx.Client(base_url=self.base, timeout=kw.pop("timeout", 120), **kw)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+        """Signal the node and wait for it (SIGKILL after `timeout` s); then what it started (its engine
+        worker, in its process group) gets a moment to follow and is killed if it does not."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        reap_group(self.proc.pid)
+        release(self.proc.pid)
+        _LIVE.discard(self)
+        return self.proc.returncode
 
     def worker_pid(self) -> int:
         return httpx.get(self.base + "/health", timeout=5).json()["result"]["engine"]["worker_pid"]
+
+
+def stop_all() -> None:
+    """Stop every node this process started that is still running: at exit and at pytest's session
+    finish (Ctrl-C, an error in a fixture, a test that did not stop its node). A SIGKILLed pytest runs
+    no Python: PDEATHSIG and the sentinel cover that."""
+    for node in list(_LIVE):
+        if node._owner == os.getpid():  # not in a forked child: those nodes are the parent's
+            node.stop(timeout=15)
+
+
+atexit.register(stop_all)
 
 
 def default_sigint() -> None:

@@ -23,13 +23,20 @@ Not reproduced, because there is no HTTP exchange: authentication (no token is c
 in-flight cap (429: the engine is fed as it has room), shutdown (503). `"stream": true` gives what
 batch-run gets from the node (an SSE answer is not JSON: an error line with http_code 200), without
 generating.
+
+Run by `edgellm batch-run --local` in a crash-guarded child (edgellm/runtime/crash_guard.py): `on_phase`
+is told when the model loads and which requests the engine decodes ("decoding request 3 of 10 (id
+"r2")"; the crash point "decoding:N" with N the request's 1-based place in the requests file), so
+the parent can say where a native crash happened; the journal already holds what finished.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +48,7 @@ from edgellm.batch.runner import Deliver, answer_outcome, wire_body
 from edgellm.engine.types import EngineRequest
 from edgellm.errors import EdgeLLMError
 from edgellm.media.types import MediaCaps
+from edgellm.runtime.crash_guard import describe_requests
 from edgellm.runtime.http_common import SafeJSONResponse, parse_json
 from edgellm.runtime.http_guard import body_too_large
 from edgellm.runtime.settings import Settings
@@ -57,10 +65,20 @@ def _rendered(body: dict[str, Any]) -> bytes:
 class LocalTransport:
     """batch-run's transport for --local: one OfflineEngine, loaded from the node's settings."""
 
-    def __init__(self, settings: Settings, *, override_model: bool = False):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        override_model: bool = False,
+        on_phase: Callable[[str, str | None], None] | None = None,
+        total: int = 0,
+    ):
         from edgellm.offline import OfflineEngine
         from edgellm.runtime.app import service_config
 
+        self.on_phase = on_phase
+        self.total = total  # requests in the file, resumed ones included: "decoding request N of total"
+        self._decoding_started: set[int] = set()
         self.config: ServiceConfig = service_config(settings)
         self.max_body_bytes = settings.body_limit()
         # --model PATH: every request runs on that file, as --model NAME sends every request to that model.
@@ -68,6 +86,8 @@ class LocalTransport:
         model = settings.model()
         # The engine is fed as its slots free up: n_slots prepared requests waiting is enough to keep
         # every slot busy, and keeps the time a request waits inside the engine short.
+        if on_phase is not None:
+            on_phase(f"loading the model {model.path}", "loading")
         self.engine = OfflineEngine(model, max_waiting=model.n_slots)
         self.media_caps = MediaCaps.from_dict(self.engine.scheduler.media_caps())
 
@@ -111,8 +131,28 @@ class LocalTransport:
             line = {"id": rid, "latency_ms": _latency_ms(out, request), **answer_outcome(code, _rendered(body))}
             deliver(i, line)
 
+        places = {request_id: (entry[0], entry[1]) for request_id, entry in queued.items()}  # (index, id)
+        total = self.total or 1 + max((i for i, _ in places.values()), default=0)
+
+        def decoding(ids: tuple[str, ...]) -> None:  # the requests the engine's next step decodes
+            found = [places[rid] for rid in ids if rid in places]
+            if self.on_phase is None or not found:
+                return
+            text = describe_requests([i + 1 for i, _ in found], total)
+            if len(found) == 1:
+                text += f" (id {json.dumps(found[0][1])[:80]})"
+            self.on_phase(text, None)
+            for i, _ in found:  # each request's crash point once, when it first enters the engine's steps
+                if i + 1 not in self._decoding_started:
+                    self._decoding_started.add(i + 1)
+                    self.on_phase(text, f"decoding:{i + 1}")
+
         if queued:
-            self.engine.generate([entry[3] for entry in queued.values()], on_finished=finished)
+            self.engine.generate(
+                [entry[3] for entry in queued.values()],
+                on_finished=finished,
+                on_decoding=decoding if self.on_phase is not None else None,
+            )
 
     def close(self, *, abandon: bool) -> None:
         try:

@@ -11,7 +11,9 @@ after Ctrl-C, a crash or an error it stays, and `--resume` sends only what it do
 finished. A plain rerun refuses to touch a non-empty journal (`--overwrite` discards it).
 
 Exit codes: 0 all ok, 1 some failed (the file is still complete) or the run stopped on an error
-(the journal is kept), 2 unusable input, 130 interrupted.
+(the journal is kept), 2 unusable input, 3 the engine crashed (--local: a native fault such as
+SIGSEGV; `<out>` is written from the journal by the surviving parent, write_after_crash, and the
+journal is kept for --resume), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -515,6 +517,39 @@ class _Journal:
         if discard_if_empty and self.f.seek(0, os.SEEK_END) == 0:
             self.path.unlink(missing_ok=True)
         self.f.close()
+
+
+def write_after_crash(batch: list[dict[str, Any]], out: Path) -> int | None:
+    """What Ctrl-C leaves, for a run whose process died (the crash guard's parent calls this): `out`
+    gets, in input order, each request's latest line in the journal, byte for byte, and the journal
+    stays for --resume. Returns how many lines were written; None when the journal holds no result
+    (an empty one is removed, as a run stopped before anything was sent removes it; `out` is untouched).
+
+    One difference from Ctrl-C, which knows what its own run sent: after a crashed --resume, a request
+    whose earlier line is not finished (a 503, say) and that was not sent again yet keeps that line
+    in `out` (Ctrl-C leaves it out); either way --resume sends it again.
+    """
+    out = Path(out)
+    path = out.with_name(out.name + ".partial")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    latest: dict[str, str] = {}
+    for text in raw.split(b"\n"):
+        try:
+            parsed = list(_parse_results(str(path), text))
+        except BatchInputError:
+            continue  # a torn last line: the process died writing it (the next --resume cuts it)
+        for line in parsed:
+            latest[_id_key(line["id"])] = text.decode("utf-8")
+    if not latest:
+        if not raw.strip():
+            path.unlink(missing_ok=True)
+        return None
+    texts = [latest[key] for key in (_id_key(req["id"]) for req in batch) if key in latest]
+    _write_lines(out, texts)
+    return len(texts)
 
 
 def run_batch(

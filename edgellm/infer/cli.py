@@ -1,7 +1,12 @@
 """`edgellm infer`: arguments, progress bar, files and exit codes over infer.runner.
 
 Exit codes: 0 every request ok, 1 some request failed (the output file is complete), 2 unusable
-input (nothing run, no output written), 130 interrupted.
+input (nothing run, no output written), 3 the engine crashed (a native fault, e.g. SIGSEGV: one line
+says where and what to do; the requests that finished are in the output, the others failed with the
+crash), 130 interrupted.
+
+The run happens in a child process (edgellm/runtime/crash_guard.py): a crash in llama.cpp kills that
+process by a signal, and this one survives it to write what finished and say why.
 """
 
 from __future__ import annotations
@@ -12,11 +17,21 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported lazily at run time: the guard's parent process stays light
+    from edgellm.infer.contract import InferJob
+    from edgellm.runtime.crash_guard import Crash
 
 
 def add_infer_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = (
+        "exit codes: 0 every request ok, 1 some failed (the output is complete), 2 unusable input (no output), "
+        "3 the engine crashed (one line says where and what to do; what finished is in the output, the rest "
+        "failed), 130 interrupted (what finished is in the output, the rest cancelled)"
+    )
     p.add_argument("--input", required=True, help="TensorRT-Edge-LLM input JSON (current or older format)")
     p.add_argument("--output", required=True, help="output JSON: {input_file, responses: [...]} in input order")
     p.add_argument("--model", help="GGUF file (default: model_path of the settings, else the bundled SmolLM2)")
@@ -77,11 +92,61 @@ def write_json(path: str, document: dict[str, Any]) -> None:
         raise
 
 
+def _load_job(args: argparse.Namespace) -> InferJob:
+    from edgellm.infer.contract import load_job
+
+    return load_job(
+        Path(args.input),
+        batch_size=args.batch_size,
+        max_generate_length=args.max_generate_length,
+        num_logprobs=args.num_logprobs,
+    )
+
+
+def _after_crash(args: argparse.Namespace, crash: Crash) -> str:
+    """In the parent, once the child crashed: the output document from its journal, as Ctrl-C writes it."""
+    from edgellm.infer.journal import document_after_crash, journal_path, read_journal
+
+    journal = journal_path(args.output)
+    finished = read_journal(journal)
+    if not finished:
+        journal.unlink(missing_ok=True)
+        return "no request had finished; no output written"
+    # If this fails (the disk is full, the input file changed meanwhile) the journal stays: it is all there is.
+    document = document_after_crash(_load_job(args), finished, f"not finished: {crash.describe()}")
+    write_json(args.output, document)
+    journal.unlink(missing_ok=True)
+    done, rest = len(finished), len(document["responses"]) - len(finished)
+    what = "1 finished request was" if done == 1 else f"{done} finished requests were"
+    return f"{what} written to {args.output} (the other {rest} are marked failed)"
+
+
 def run_infer_command(args: argparse.Namespace) -> int:
+    from edgellm.runtime import crash_guard
+
+    phase = crash_guard.child_recorder()
+    if phase is None and crash_guard.available() and getattr(args, "argv", None):
+        from edgellm.infer.journal import journal_path
+
+        journal = journal_path(args.output)
+
+        def discard() -> None:
+            try:
+                journal.unlink(missing_ok=True)
+            except OSError:  # not ours to remove (a folder, no permission): the child's checks will say why
+                pass
+
+        discard()  # an earlier run's, left by a process killed outright: never this run's responses
+        return crash_guard.supervise("infer", args.argv, lambda crash: _after_crash(args, crash), discard=discard)
+    return _run(args, phase)
+
+
+def _run(args: argparse.Namespace, phase: Callable[[str, str | None], None] | None) -> int:
+    """The command itself; `phase`: the guarded child's PhaseRecorder (None when run unguarded)."""
     from tqdm import tqdm
 
     from edgellm.errors import EdgeLLMError
-    from edgellm.infer.contract import load_job
+    from edgellm.infer.journal import ResponseJournal
     from edgellm.infer.runner import InferOptions, run_job
     from edgellm.runtime.settings import load_settings
 
@@ -92,12 +157,7 @@ def run_infer_command(args: argparse.Namespace) -> int:
     if not 64 <= args.max_seq_len <= 1 << 20:
         return _fail("--max-seq-len must be in [64, 1048576]")
     try:
-        job = load_job(
-            Path(args.input),
-            batch_size=args.batch_size,
-            max_generate_length=args.max_generate_length,
-            num_logprobs=args.num_logprobs,
-        )
+        job = _load_job(args)
         settings = load_settings(args.config, model_path=args.model)
         options = InferOptions(
             model=settings.model(),
@@ -115,22 +175,34 @@ def run_infer_command(args: argparse.Namespace) -> int:
     bar = tqdm(
         total=len(job.items), unit="req", desc="infer", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty()
     )
+    # Guarded: each final response goes to the journal too, for the parent to write if this process dies.
+    journal = ResponseJournal(args.output) if phase is not None else None
     try:
-        result = run_job(job, options, on_request_done=lambda: bar.update(1))
-    except KeyboardInterrupt:  # before the engine ran (loading the model)
-        print("edgellm infer: interrupted; no output written", file=sys.stderr)
-        return 130
-    except EdgeLLMError as exc:  # the model could not be loaded, ...
-        return _fail(exc.message)
+        try:
+            result = run_job(
+                job,
+                options,
+                on_request_done=lambda: bar.update(1),
+                on_phase=phase,
+                on_response=journal.append if journal is not None else None,
+            )
+        except KeyboardInterrupt:  # before the engine ran (loading the model)
+            print("edgellm infer: interrupted; no output written", file=sys.stderr)
+            return 130
+        except EdgeLLMError as exc:  # the model could not be loaded, ...
+            return _fail(exc.message)
+        finally:
+            bar.close()
+        try:
+            write_json(args.output, result.document)
+            if args.profile:
+                write_json(args.profile, result.profile)
+        except OSError as exc:  # checked before the run, but the disk can fill up meanwhile
+            print(f"edgellm infer: cannot write the output: {exc}", file=sys.stderr)
+            return 1
     finally:
-        bar.close()
-    try:
-        write_json(args.output, result.document)
-        if args.profile:
-            write_json(args.profile, result.profile)
-    except OSError as exc:  # checked before the run, but the disk can fill up meanwhile
-        print(f"edgellm infer: cannot write the output: {exc}", file=sys.stderr)
-        return 1
+        if journal is not None:  # this process ends normally: nobody will read it
+            journal.remove()
     if result.interrupted:
         print(f"edgellm infer: interrupted; unfinished requests are `cancelled` in {args.output}", file=sys.stderr)
         return 130

@@ -4,6 +4,12 @@ Batches run one after another, as the format defines them (`batch_size` requests
 slots; one LoRA adapter and one logprobs K per batch); inside a batch the scheduler batches
 continuously. A request that cannot run (its content, guide or adapter) fails alone; a batch that
 breaks a batch rule fails as a whole; nothing stops the rest of the file.
+
+Two hooks for the crash-guarded command (edgellm/runtime/crash_guard.py): `on_phase(text, point)`
+is told what the engine is about to do (loading, warm-up, which requests it decodes; `point` names
+the moment for native_crash.crash_point: "loading", "warm-up", "decoding:N" with N the request's
+1-based place in the input file), and `on_response(response)` gets each response as it is final,
+so what finished survives the process.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ from edgellm.engine.model import raw_prompt_text
 from edgellm.engine.types import CacheCommit, EngineRequest, FinishReason, SamplingParams, StopCause
 from edgellm.errors import EdgeLLMError
 from edgellm.infer.contract import InferBatch, InferItem, InferJob
+from edgellm.infer.journal import failed_response
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.loading import load_content
 from edgellm.media.types import MediaCaps
 from edgellm.offline import OfflineEngine, RunStats
+from edgellm.runtime.crash_guard import describe_requests
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,10 @@ class InferResult:
     interrupted: bool = False  # Ctrl-C: unfinished requests are `cancelled` (the process exits 130)
 
 
+PhaseHook = Callable[[str, str | None], None]  # (what the engine is doing, its crash point name or None)
+ResponseHook = Callable[[dict[str, Any]], None]
+
+
 def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
     """One slot per request of a batch, each max_seq_len tokens long, as many as the settings' n_ctx
     (the KV memory the device was configured for) holds; the rest of a batch queues for a slot."""
@@ -70,13 +82,22 @@ def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
     )
 
 
-def run_job(job: InferJob, options: InferOptions, *, on_request_done: Callable[[], None] | None = None) -> InferResult:
+def run_job(
+    job: InferJob,
+    options: InferOptions,
+    *,
+    on_request_done: Callable[[], None] | None = None,
+    on_phase: PhaseHook | None = None,
+    on_response: ResponseHook | None = None,
+) -> InferResult:
     started = time.perf_counter()
     config = engine_config(job, options)
     t_load = time.perf_counter()
+    if on_phase is not None:
+        on_phase(f"loading the model {config.path}", "loading")
     with OfflineEngine(config) as engine:
         load_s = time.perf_counter() - t_load
-        runner = _Runner(job, options, engine, on_request_done)
+        runner = _Runner(job, options, engine, on_request_done, on_phase, on_response)
         warmup_s = runner.warm_up(options.warmup)
         interrupted = False
         try:
@@ -104,8 +125,18 @@ def run_job(job: InferJob, options: InferOptions, *, on_request_done: Callable[[
 
 
 class _Runner:
-    def __init__(self, job: InferJob, options: InferOptions, engine: OfflineEngine, on_done: Callable[[], None] | None):
+    def __init__(
+        self,
+        job: InferJob,
+        options: InferOptions,
+        engine: OfflineEngine,
+        on_done: Callable[[], None] | None,
+        on_phase: PhaseHook | None = None,
+        on_response: ResponseHook | None = None,
+    ):
         self.job, self.options, self.engine, self.on_done = job, options, engine, on_done
+        self.on_phase, self.on_response = on_phase, on_response
+        self._decoding_started: set[int] = set()  # request_idx + 1 of those already announced to on_phase
         self.responses: dict[int, dict[str, Any]] = {}
         self.batch_profiles: list[dict[str, Any]] = []
         self._adapters: dict[str, str] = {}  # lora name -> GGUF path (converted once)
@@ -119,6 +150,9 @@ class _Runner:
         if runs <= 0 or first is None:
             return 0.0
         t0 = time.perf_counter()
+        if self.on_phase is not None:
+            runs_text = "1 untimed run" if runs == 1 else f"{runs} untimed runs"
+            self.on_phase(f"running the warm-up ({runs_text} of request {first.request_idx + 1})", "warm-up")
         sampling = replace(first.request.sampling, max_tokens=min(8, first.request.sampling.max_tokens))
         # Nothing of the warm-up is left in the prefix cache: the timed run prefills its prompt for real.
         warm = [
@@ -166,7 +200,24 @@ class _Runner:
             self._respond(*by_id[out.request_id], out)
             self._tick()
 
-        outputs, stats = self.engine.generate([request for _, request in runnable], on_finished=finished)
+        on_phase = self.on_phase
+
+        def decoding(ids: tuple[str, ...]) -> None:  # the requests the engine's next step decodes
+            numbers = [by_id[rid][0].request_idx + 1 for rid in ids if rid in by_id]
+            if on_phase is None or not numbers:
+                return
+            text = describe_requests(numbers, len(self.job.items))
+            on_phase(text, None)
+            for n in numbers:  # each request's crash point once, when it first enters the engine's steps
+                if n not in self._decoding_started:
+                    self._decoding_started.add(n)
+                    on_phase(text, f"decoding:{n}")
+
+        outputs, stats = self.engine.generate(
+            [request for _, request in runnable],
+            on_finished=finished,
+            on_decoding=decoding if on_phase is not None else None,
+        )
         self.batch_profiles.append(_batch_profile(batch, len(items), outputs, stats))
 
     def _tick(self) -> None:
@@ -235,13 +286,14 @@ class _Runner:
         }
 
     def respond_failed(self, item: InferItem, error: str, *, reason: str = "error") -> None:
-        self.responses[item.request_idx] = {
-            "output_text": "",
-            **self._base_response(item),
-            "finish_reason": reason,
-            "error": error,
-        }
+        formatted = self._formatted(item) if item.error is None else ""
+        self._final(failed_response(item, error, reason=reason, formatted=formatted))
         self._tick()
+
+    def _final(self, response: dict[str, Any]) -> None:
+        self.responses[response["request_idx"]] = response
+        if self.on_response is not None:
+            self.on_response(response)
 
     def _respond(self, item: InferItem, request: EngineRequest, out: RequestOutput) -> None:
         response: dict[str, Any] = {
@@ -271,7 +323,7 @@ class _Runner:
             "generated_tokens": out.completion_tokens,
             "reused_prefix_tokens": out.cached_tokens,
         }
-        self.responses[item.request_idx] = response
+        self._final(response)
 
 
 def _candidate(token_id: int, token: str, data: list[int], logprob: float) -> dict[str, Any]:

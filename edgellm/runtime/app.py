@@ -21,6 +21,7 @@ from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
 from edgellm.api.openai_compat import error_body
 from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
+from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized
 from edgellm.runtime.board import BoardTelemetry
 from edgellm.runtime.console_routes import add_console_routes
@@ -69,9 +70,24 @@ def service_config(settings: Settings) -> ServiceConfig:
     )
 
 
-def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIdentity | None = None) -> FastAPI:
+def worker_config(settings: Settings, model: ModelConfig | None = None) -> WorkerConfig:
+    """What the engine worker is started with (serve and doctor): `model` when settings.model() ran already."""
+    return WorkerConfig(
+        model=model or settings.model(),
+        max_waiting=settings.max_queued,
+        log_level=settings.log_level,
+        force_gpu_failure=settings.force_gpu_failure,
+        force_gpu_context_failure=settings.force_gpu_context_failure,
+    )
+
+
+def create_app(
+    settings: Settings, *, on_ready=None, on_stop=None, on_failed=None, node: NodeIdentity | None = None
+) -> FastAPI:
     """The node's ASGI app. `node`: the identity WRAPPED bodies carry (a Ratio1 node passes its real
-    keys); default: an edgellm identity from settings.node_alias / evm_network."""
+    keys); default: an edgellm identity from settings.node_alias / evm_network. `on_failed(reason)`:
+    called when the engine could not be started (its last attempt failed); `edgellm serve` then exits.
+    Without it the node stays up answering 503 with the reason (a host that supervises it otherwise)."""
     # First: a model that does not fit the memory budget stops the node before it opens anything.
     model_config = settings.model()
     # The boot id marks the rows this process accepts: pending rows of other boots are what to recover.
@@ -83,19 +99,16 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
     service.memory_plan = settings.memory_report()
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
-    worker_config = WorkerConfig(
-        model=model_config,
-        max_waiting=settings.max_queued,
-        log_level=settings.log_level,
-        force_gpu_failure=settings.force_gpu_failure,
-        force_gpu_context_failure=settings.force_gpu_context_failure,
-    )
+    worker = worker_config(settings, model_config)
 
     async def start_engine(engine: WorkerEngine) -> None:
         try:
             await asyncio.to_thread(engine.start)
-        except EdgeLLMError as exc:
-            log.error("%s", exc.message)
+        except Exception as exc:  # a bug included: the node must not sit at 503 without a word
+            message = exc.message if isinstance(exc, EdgeLLMError) else f"engine failed to start: {exc!r}"
+            log.error("%s", message, exc_info=not isinstance(exc, EdgeLLMError))
+            if on_failed is not None:
+                on_failed(message)
             return
         offload = engine.info.get("offload", {})
         log.info(
@@ -130,7 +143,13 @@ def create_app(settings: Settings, *, on_ready=None, on_stop=None, node: NodeIde
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = WorkerEngine(worker_config, service.on_engine_outputs, on_retry=registry.bump_attempts)
+        engine = WorkerEngine(
+            worker,
+            service.on_engine_outputs,
+            on_retry=registry.bump_attempts,
+            start_attempts=settings.engine_start_attempts,
+            start_backoff_s=settings.engine_start_backoff_s,
+        )
         service.bind(engine, asyncio.get_running_loop())
         drain.bind(asyncio.get_running_loop())
         # Before the engine admits anything: recovered work is sent to the worker ahead of new work.

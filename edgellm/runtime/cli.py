@@ -1,5 +1,5 @@
 """The `edgellm` command: `serve` runs the node, `batch-run` sends a batch, `infer` runs a TensorRT-Edge-LLM
-batch file in-process, `ratio1-node` runs a Ratio1 node."""
+batch file in-process, `doctor` checks the engine on this machine, `ratio1-node` runs a Ratio1 node."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from edgellm.errors import EdgeLLMError
@@ -34,7 +35,7 @@ SERVE_FLAGS: list[tuple[str, Any, str]] = [
     ("memory-budget", str, "memory the model, KV cache and buffers may use (e.g. 3GiB; default 75%% of MemAvailable)"),
     ("n-threads", int, "CPU threads for llama.cpp (0 = all free cores)"),
     ("n-gpu-layers", str, "'auto' or a number of layers to offload"),
-    ("kv-cache-type", str, "f16 (default) or q8_0 (half the KV memory, ~5% slower)"),
+    ("kv-cache-type", str, "f16 (default) or q8_0 (half the KV memory, ~5%% slower)"),
     ("response-format", str, "WRAPPED or RAW"),
     ("state-dir", str, "folder for the request registry"),
     ("request-timeout", float, "default per-request timeout (s)"),
@@ -42,6 +43,10 @@ SERVE_FLAGS: list[tuple[str, Any, str]] = [
     ("max-queued", int, "in-flight requests before 429"),
     ("log-level", str, "debug, info, warning, error"),
 ]
+
+
+# `edgellm serve`'s exit code when the engine worker could not be started (2: unusable settings or model file).
+ENGINE_START_FAILED = 3
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -69,7 +74,15 @@ def _serve(args: argparse.Namespace) -> int:
         # Kept on the app so the task is not garbage-collected; cancelled with the loop at exit.
         app.state.watchdog = asyncio.get_running_loop().create_task(notifier.watchdog(service.live_check))
 
-    app = create_app(settings, on_ready=on_ready, on_stop=lambda service: notifier.stopping())
+    failure: list[str] = []
+
+    def on_failed(reason: str) -> None:
+        # The engine will not start (its last attempt failed): a node answering 503 forever would look
+        # healthy to systemd. Stop serving and exit non-zero, so Restart= and the journal see why.
+        failure.append(reason)
+        server.should_exit = True
+
+    app = create_app(settings, on_ready=on_ready, on_stop=lambda service: notifier.stopping(), on_failed=on_failed)
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM/SIGINT: tell systemd and stop admitting at once
@@ -91,7 +104,11 @@ def _serve(args: argparse.Namespace) -> int:
         # cancellation (a bare text 500) is only a backstop a little later.
         timeout_graceful_shutdown=settings.shutdown_grace_s + 2,
     )
-    _Server(config).run()
+    server = _Server(config)
+    server.run()
+    if failure:
+        print(f"edgellm serve: {failure[0]}", file=sys.stderr)
+        return ENGINE_START_FAILED
     return 0
 
 
@@ -101,7 +118,6 @@ HTTP_ONLY_BATCH_FLAGS = ("endpoint", "concurrency", "timeout", "retries", "api_k
 
 def _batch_run(args: argparse.Namespace) -> int:
     import traceback
-    from pathlib import Path
 
     from edgellm.batch.runner import BatchInputError, BatchOptions, load_requests, run_batch
 
@@ -135,6 +151,7 @@ def _batch_run(args: argparse.Namespace) -> int:
         return refuse(exc.message)
     transport = None
     if args.local:
+        from edgellm.runtime import crash_guard
         from edgellm.runtime.settings import load_settings
 
         try:  # before the journal is touched: a bad config or model path is unusable input
@@ -142,6 +159,12 @@ def _batch_run(args: argparse.Namespace) -> int:
             settings.resolved_model_path()
         except EdgeLLMError as exc:
             return refuse(exc.message)
+        phase = crash_guard.child_recorder()
+        if phase is None and crash_guard.available() and getattr(args, "argv", None):
+            # The engine runs in a child: a native crash there ends with one line and the results kept.
+            # The requests are read again only then: a large file is not held twice meanwhile.
+            del batch
+            return crash_guard.supervise("batch-run", args.argv, lambda crash: _batch_after_crash(src, out))
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
@@ -149,7 +172,7 @@ def _batch_run(args: argparse.Namespace) -> int:
             from edgellm.batch.local import LocalTransport
 
             try:
-                return LocalTransport(settings, override_model=args.model is not None)
+                return LocalTransport(settings, override_model=args.model is not None, on_phase=phase, total=len(batch))
             except EdgeLLMError as exc:
                 raise BatchInputError(f"the local engine did not start: {exc.message}") from None
 
@@ -183,11 +206,33 @@ def _batch_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _batch_after_crash(src: Path, out: Path) -> str:
+    """batch-run --local's salvage, in the guard's parent: `out` from the journal, as Ctrl-C writes it."""
+    from edgellm.batch.runner import load_requests, write_after_crash
+
+    batch = load_requests(src)  # it was read before the child started; an error now is one in the crash line
+    written = write_after_crash(batch, out)
+    if written is None:
+        return "no request had finished; nothing was written"
+    journal = out.with_name(out.name + ".partial")
+    return f"{written} of {len(batch)} results were written to {out}; {journal} is kept: --resume runs the rest"
+
+
 def _synth(args: argparse.Namespace) -> int:
     """Exit 0 when OUTPUT holds COUNT valid records, 1 when fewer, 2 for unusable input, 130 on Ctrl-C."""
     from edgellm.synth.cli import run_synth_command
 
     return run_synth_command(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when the engine loads and passes its self-test here, 1 when it does not, 2 for bad settings."""
+    from edgellm.runtime.doctor import run_doctor
+    from edgellm.runtime.settings import load_settings
+
+    overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in SERVE_FLAGS}
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return run_doctor(load_settings(args.config, **overrides))
 
 
 def _ratio1_node(args: argparse.Namespace) -> int:
@@ -218,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--local",
         action="store_true",
         help="no server: run the requests on the in-process engine, answered as the node's /v1/chat/completions "
-        "would answer them (same lines, journal, --resume and exit codes)",
+        "would answer them (same lines, journal, --resume and exit codes; and 3 when the engine crashed: one "
+        "line says where, the finished lines are kept for --resume)",
     )
     batch.add_argument(
         "--config", help="with --local: YAML settings file, as for `edgellm serve` (model, slots, threads, limits)"
@@ -259,6 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.set_defaults(func=_batch_run)
 
+    doctor = sub.add_parser(
+        "doctor",
+        help="check the engine on this machine: build flags, CPU features, memory plan, offload, and a real "
+        "batched decode (the settings and flags of `serve`)",
+    )
+    doctor.add_argument("--config", help="YAML settings file, as for `edgellm serve`")
+    for flag, typ, help_text in SERVE_FLAGS:
+        doctor.add_argument(f"--{flag}", type=typ, help=help_text)
+    doctor.set_defaults(func=_doctor)
+
     node = sub.add_parser(
         "ratio1-node",
         help="run an offline Ratio1 edge node (naeural-core + local mosquitto) serving this repo's plugins",
@@ -291,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what a crash-guarded command (infer, batch-run --local) runs again in its child
     try:
         return args.func(args)
     except EdgeLLMError as exc:

@@ -15,13 +15,13 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from edgellm import __version__
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.ipc import WorkerConfig
-from edgellm.runtime.native_crash import CRASH_ADVICE
+from edgellm.runtime.native_crash import REBUILD_ADVICE
 from edgellm.runtime.settings import Settings
 
 # tools/engine_wheel.sh --install writes this into the venv (sys.prefix) it installs the engine into.
@@ -63,18 +63,8 @@ def llama_system_info() -> tuple[str, bool]:
     )
 
 
-def worker_config(settings: Settings) -> WorkerConfig:
-    """What `serve` hands its engine worker, from the same settings."""
-    return WorkerConfig(
-        model=settings.model(),
-        max_waiting=settings.max_queued,
-        log_level="WARNING",
-        force_gpu_failure=settings.force_gpu_failure,
-        force_gpu_context_failure=settings.force_gpu_context_failure,
-    )
-
-
 def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s: float = 600.0) -> int:
+    from edgellm.runtime.app import worker_config
     from edgellm.runtime.supervisor import WorkerEngine
 
     def say(label: str, text: str) -> None:
@@ -98,7 +88,8 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     build_amx = "AMX" in system_info
     plan = None
     try:
-        config = worker_config(settings)
+        # The worker's own log stays at warnings: doctor's report is what the user reads.
+        config = replace(worker_config(settings), log_level="WARNING")
         plan = settings.memory_report()
     except EdgeLLMError as exc:
         say("model", exc.message)
@@ -117,17 +108,18 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     layers = "auto" if config.model.n_gpu_layers < 0 else config.model.n_gpu_layers
     say("gpu offload", f"this build {'can' if gpu_build else 'cannot'} offload; n_gpu_layers {layers}")
 
-    engine = WorkerEngine(config, lambda outputs: None, ready_timeout_s=ready_timeout_s, **_single_start())
+    # One start attempt: doctor reports the first failure instead of retrying it.
+    engine = WorkerEngine(config, lambda outputs: None, ready_timeout_s=ready_timeout_s, start_attempts=1)
     t0 = time.perf_counter()
     try:
         engine.start()
     except EdgeLLMError as exc:
-        reason = exc.message
-        fix = CRASH_ADVICE
+        reason = engine.last_error or exc.message  # without the advice: the fix line below gives it
+        fix = REBUILD_ADVICE
         if build_amx:
-            fix = f"{AMX_ISSUE} and this build has them: rebuild with `make setup` (tools/engine_wheel.sh)"
+            fix = f"{AMX_ISSUE} and this build has them: {REBUILD_ADVICE}"
         elif record is None:
-            fix = "reinstall the engine with `make setup` (tools/engine_wheel.sh chooses the flags); " + CRASH_ADVICE
+            fix = f"this llama-cpp-python was not built by tools/engine_wheel.sh (pip's cache?): {REBUILD_ADVICE}"
         print(f"FAIL: {reason}\nfix: {fix}", file=out, flush=True)
         return 1
     finally:
@@ -149,13 +141,3 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
         print(f"warning: {AMX_ISSUE}; this build has them and passed here, but may crash on other prompts", file=out)
     print("PASS: the engine loads the model, decodes batched prompts and samples on this machine", file=out, flush=True)
     return 0
-
-
-def _single_start() -> dict[str, Any]:
-    """One start attempt: doctor reports the first failure instead of retrying it."""
-    import inspect
-
-    from edgellm.runtime.supervisor import WorkerEngine
-
-    params = inspect.signature(WorkerEngine.__init__).parameters
-    return {"start_attempts": 1} if "start_attempts" in params else {}

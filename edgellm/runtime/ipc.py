@@ -16,6 +16,7 @@ class MsgKind(StrEnum):
     PING = "ping"
     SHUTDOWN = "shutdown"
     # worker -> API process
+    PHASE = "phase"  # payload: str, what a starting worker begins: "loading" (the model), "warm-up" (self-test)
     READY = "ready"  # payload: dict describing the loaded model (after warm-up)
     OUTPUTS = "outputs"  # payload: list[EngineOutput]
     PONG = "pong"  # payload: dict of load and step statistics

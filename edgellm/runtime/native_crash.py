@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import signal
 
-# The fix a user can act on, appended to every crash report.
-CRASH_ADVICE = (
-    "run `edgellm doctor` to check the llama.cpp build on this machine; rebuild it with `make setup` "
-    "(tools/engine_wheel.sh picks safe flags: AMX off on x86) or set EDGELLM_LLAMA_CMAKE_ARGS"
+# The fix a user can act on: REBUILD_ADVICE alone where doctor is the one reporting, CRASH_ADVICE elsewhere.
+REBUILD_ADVICE = (
+    "rebuild llama.cpp for this machine with `make setup` (tools/engine_wheel.sh picks safe flags: AMX off "
+    "on x86; --print-flags shows them) or choose the flags with EDGELLM_LLAMA_CMAKE_ARGS"
 )
+CRASH_ADVICE = f"run `edgellm doctor` to check the llama.cpp build on this machine; {REBUILD_ADVICE}"
 
 # A test hook, and why it exists: the crash paths (the worker's retries and /health reason, the one
 # line of `infer` and `batch-run --local`) must be tested against a real native death at an exact

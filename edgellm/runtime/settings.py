@@ -29,6 +29,7 @@ from pydantic_settings import (
 
 from edgellm.api.envelope import ResponseMode
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.gguf_header import check_gguf_file
 from edgellm.engine.memory_plan import MemoryPlan, ModelShape, default_budget_bytes, parse_size, plan_memory
 from edgellm.errors import EdgeLLMError
 from edgellm.media.limits import MediaLimits, MediaSources
@@ -131,6 +132,10 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Where board telemetry is read (sysfs, /proc/device-tree, nvpmodel files); tests point it at a fixture tree.
     board_root: str = "/"
+    # A worker that dies before it is warm is started again this many times in all, waiting
+    # engine_start_backoff_s, then twice that...; after the last, `edgellm serve` exits non-zero.
+    engine_start_attempts: int = Field(3, ge=1, le=20)
+    engine_start_backoff_s: float = Field(1.0, ge=0, le=60)
     force_gpu_failure: bool = False  # test hook: make the GPU load fail to exercise the CPU fallback
     force_gpu_context_failure: bool = False  # test hook: make the GPU context creation fail (same fallback)
 
@@ -228,6 +233,14 @@ class Settings(BaseSettings):
         return plan
 
     def model(self) -> ModelConfig:
+        # Before the memory plan and before any worker: a file llama.cpp cannot load (not GGUF, cut
+        # short) stops the node at once, with its name, instead of failing in every start attempt.
+        for what, path in (("model", self.resolved_model_path()), ("mmproj", self.resolved_mmproj_path())):
+            if path is not None:
+                try:
+                    check_gguf_file(path)
+                except (OSError, ValueError) as exc:  # both name the file
+                    raise SettingsError(f"{what} file cannot be loaded: {exc}") from None
         try:
             plan = self._plan = self.memory_plan()
             n_ctx, n_slots = plan.n_ctx, plan.n_slots

@@ -1,15 +1,21 @@
 """Supervises the engine worker process (uvicorn's supervisor, adapted).
 
-Alive = the OS says so AND it answered a ping recently; a hung worker is killed. When the worker
-dies, it is restarted (with backoff) and each in-flight request is sent again once; a request whose
-second attempt is also lost fails with a clear error. Outputs are delivered through `on_output`
-from a reader thread, one call per engine message.
+Start: the worker reports its phase (loading, warm-up) until READY. One that dies, fails or hangs
+before READY is started again a bounded number of times with a doubling backoff; after the last
+attempt `start()` raises and the node exits (runtime/cli.py), so systemd sees the failure and why.
+Running: alive = the OS says so AND it answered a ping recently; a hung worker is killed. When a
+READY worker dies, it is restarted (with backoff, for as long as it takes) and each in-flight
+request is sent again once; a request whose second attempt is also lost fails with a clear error.
+Outputs are delivered through `on_output` from a reader thread, one call per engine message.
+A worker's end is always told in words (runtime/native_crash.py): signal or exit code, and phase.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -20,18 +26,48 @@ from edgellm.compat import StrEnum
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable
 from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
+from edgellm.runtime.native_crash import CRASH_ADVICE, describe_exit
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first run plus one retry after a worker crash
+# A worker killed by one of these died in native code (llama.cpp, or a build bad for this CPU): the
+# message then says what to do. SIGKILL is not one (the OOM killer, or the hang watchdog).
+_NATIVE_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 
 
-def _worker_main(config: WorkerConfig, conn) -> None:
+def _worker_main(config: WorkerConfig, conn, api_pid: int) -> None:
     """The spawned process's entry point. llama.cpp is imported here, in the worker, never in the API
     process (which would pay its memory for nothing and could crash with it)."""
+    threading.Thread(target=_exit_with_parent, args=(api_pid,), name="parent-watch", daemon=True).start()
     from edgellm.runtime.worker import run_worker
 
     run_worker(config, conn)
+
+
+def _exit_with_parent(api_pid: int) -> None:
+    """In the worker, from its first moment: exit once the API process is gone, even while llama.cpp is
+    still importing or loading a model (the worker's loop checks too, but only once it runs).
+
+    Not prctl(PR_SET_PDEATHSIG): it fires when the *thread* that spawned the worker ends, and a restart
+    spawns from the reader thread, which ends right after.
+    """
+    while os.getppid() == api_pid:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+class _StartFailed(Exception):
+    """A worker did not become READY; `reason` says how it ended and in which phase."""
+
+    def __init__(self, reason: str, *, native: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.native = native  # killed by a signal: llama.cpp's own code (or the build) is the suspect
+
+
+def _during(phase: str | None) -> str:
+    return "while serving" if phase == "serving" else f"during {phase or 'start-up'}"
 
 
 class EngineState(StrEnum):
@@ -62,11 +98,15 @@ class WorkerEngine:
         on_retry: Callable[[str], None] | None = None,
         ping_interval_s: float = 2.0,
         hang_timeout_s: float = 60.0,
+        start_attempts: int = 3,
+        start_backoff_s: float = 1.0,
     ):
         self.config = config
         self.on_output = on_output
         self.on_retry = on_retry  # told when a request is sent again after a crash (the registry counts it)
         self.ready_timeout_s = ready_timeout_s
+        self.start_attempts = max(1, start_attempts)
+        self.start_backoff_s = start_backoff_s
         self.ping_interval_s = ping_interval_s
         self.hang_timeout_s = hang_timeout_s
         self.state = EngineState.STOPPED
@@ -74,6 +114,10 @@ class WorkerEngine:
         self.stats: dict[str, Any] = {}
         self.last_error: str | None = None
         self.restarts = 0
+        # Where the current (or last) worker is: start-up (spawned), loading, warm-up (worker.py), serving.
+        self.phase: str | None = None
+        self.attempt = 0  # of the start in progress (or of the restart after a crash)
+        self._starting: mp.process.BaseProcess | None = None  # a worker not READY yet
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.RLock()
         self._send_lock = threading.Lock()
@@ -86,48 +130,75 @@ class WorkerEngine:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Spawn the worker and block until it is warm (or raise EngineUnavailable)."""
+        """Spawn the worker and block until it is warm. A worker that dies, fails or hangs before READY is
+        started again, up to `start_attempts` in all, after start_backoff_s, then twice that...; after
+        the last, the state is FAILED and EngineUnavailable says why."""
         self.state = EngineState.STARTING
-        self._spawn()  # also sends what was submitted before READY (requests recovered from the registry)
+        backoff = self.start_backoff_s
+        for attempt in range(1, self.start_attempts + 1):
+            self.attempt = attempt
+            try:
+                self._spawn()  # also sends what was submitted before READY (requests recovered from the registry)
+                break
+            except _StartFailed as exc:
+                if self._stopping.is_set():
+                    raise EngineUnavailable("the engine was stopped while starting") from None
+                self.last_error = f"{exc.reason} (attempt {attempt} of {self.start_attempts})"
+                if attempt == self.start_attempts:
+                    self.state = EngineState.FAILED
+                    advice = f"; {CRASH_ADVICE}" if exc.native else ""
+                    raise EngineUnavailable(f"engine failed to start: {self.last_error}{advice}") from None
+                log.error("%s; starting it again in %.1f s", self.last_error, backoff)
+                if self._stopping.wait(backoff):
+                    raise EngineUnavailable("the engine was stopped while starting") from None
+                backoff *= 2
+            except Exception as exc:  # a bug, not a worker's death: no retry, but never "starting" forever
+                self.state, self.last_error = EngineState.FAILED, f"{type(exc).__name__}: {exc}"
+                raise
         threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
 
     def _spawn(self) -> None:
-        """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message)."""
+        """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message).
+        Raises _StartFailed, the worker reaped, when it does not become READY."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=_worker_main, args=(self.config, child_conn), name="edgellm-engine", daemon=True
+            target=_worker_main, args=(self.config, child_conn, os.getpid()), name="edgellm-engine", daemon=True
         )
-        proc.start()
-        child_conn.close()
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            if parent_conn.poll(0.2):
-                try:
-                    msg: Message = parent_conn.recv()
-                except EOFError:
-                    msg = Message(MsgKind.FATAL, f"engine worker exited with code {proc.exitcode} during start")
-                if msg.kind is MsgKind.READY:
-                    break
-                self._fail_start(proc, parent_conn, str(msg.payload))
-            elif not proc.is_alive():
-                self._fail_start(proc, parent_conn, f"engine worker exited with code {proc.exitcode} during start")
-            elif time.monotonic() > deadline:
-                proc.kill()
-                self._fail_start(proc, parent_conn, f"engine worker not ready after {self.ready_timeout_s:.0f} s")
+        self.phase = "start-up"
         with self._lock:
-            self._proc, self._conn = proc, parent_conn
-            self.info = msg.payload
-            self._last_pong = time.monotonic()
-            self._generation += 1
-            self.last_error = None
-            generation = self._generation
-            resend, retried, lost = self._plan_resend()
-            # Sent before READY flips, in their original order: work that was in flight (or arrived
-            # during the restart) is admitted before any request that comes after.
-            if resend and not self._send(Message(MsgKind.SUBMIT, [e.request for e in resend])):
-                for entry in resend:
-                    entry.sent = False
-            self.state = EngineState.READY
+            self._starting = proc
+        try:
+            try:
+                proc.start()
+            except OSError as exc:  # no memory or pids left for another process: worth another attempt
+                raise _StartFailed(f"engine worker could not be spawned: {exc}") from None
+            finally:
+                child_conn.close()
+            msg = self._wait_ready(proc, parent_conn)
+            with self._lock:
+                if self._stopping.is_set():  # close() ran while READY was on its way
+                    raise _StartFailed("the node is stopping")
+                self._starting = None
+                self._proc, self._conn = proc, parent_conn
+                self.info = msg.payload
+                self.phase = "serving"
+                self._last_pong = time.monotonic()
+                self._generation += 1
+                self.last_error = None
+                generation = self._generation
+                resend, retried, lost = self._plan_resend()
+                # Sent before READY flips, in their original order: work that was in flight (or arrived
+                # during the restart) is admitted before any request that comes after.
+                if resend and not self._send(Message(MsgKind.SUBMIT, [e.request for e in resend])):
+                    for entry in resend:
+                        entry.sent = False
+                self.state = EngineState.READY
+        except _StartFailed:
+            with self._lock:
+                self._starting = None
+            self._reap(proc)
+            parent_conn.close()
+            raise
         threading.Thread(target=self._reader, args=(parent_conn, generation), name="engine-reader", daemon=True).start()
         for entry in retried:
             log.warning(
@@ -171,17 +242,57 @@ class WorkerEngine:
                 retried.append(entry)
         return resend, retried, lost
 
-    def _fail_start(self, proc, conn, reason: str) -> None:
+    def _wait_ready(self, proc: mp.process.BaseProcess, conn) -> Message:
+        """The worker's READY message; PHASE messages update `phase` on the way."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if self._stopping.is_set():
+                raise _StartFailed("the node is stopping")
+            if conn.poll(0.2):
+                try:
+                    msg: Message = conn.recv()
+                except (EOFError, OSError):
+                    raise self._ended(proc) from None
+                if msg.kind is MsgKind.READY:
+                    return msg
+                if msg.kind is MsgKind.PHASE:
+                    self.phase = str(msg.payload)
+                    log.info("engine worker %s: %s", proc.pid, self.phase)
+                elif msg.kind is MsgKind.FATAL:
+                    raise _StartFailed(f"engine worker failed during {self.phase}: {msg.payload}")
+            elif not proc.is_alive():
+                raise self._ended(proc)
+            elif time.monotonic() > deadline:
+                proc.kill()
+                raise _StartFailed(
+                    f"engine worker not ready after {self.ready_timeout_s:.0f} s (stuck in {self.phase}); killed"
+                )
+
+    def _ended(self, proc: mp.process.BaseProcess) -> _StartFailed:
+        """Why a starting worker's pipe closed: its exit status, read once the OS has reaped it (EOF comes
+        first; exitcode is None until the join)."""
+        code = self._reap(proc)
+        native = code is not None and -code in _NATIVE_CRASH_SIGNALS
+        return _StartFailed(f"engine worker {describe_exit(code)} {_during(self.phase)}", native=native)
+
+    @staticmethod
+    def _reap(proc: mp.process.BaseProcess) -> int | None:
+        """Join the worker (bounded), killing it when it does not end by itself; its exit code."""
+        if proc.pid is None:  # never started
+            return None
         proc.join(5)
-        conn.close()
-        self.state = EngineState.FAILED
-        self.last_error = reason
-        raise EngineUnavailable(f"engine failed to start: {reason}")
+        if proc.exitcode is None:  # closed its pipe but lives on (or hangs): of no use, and must not linger
+            proc.kill()
+            proc.join(5)
+        return proc.exitcode
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._stopping.set()
-        self.state = EngineState.STOPPED
-        proc, conn = self._proc, self._conn
+        with self._lock:
+            self._stopping.set()
+            self.state = EngineState.STOPPED
+            starting, proc, conn = self._starting, self._proc, self._conn
+        if starting is not None and starting.pid is not None:
+            starting.kill()  # a worker still loading has nothing to finish; _spawn reaps it
         if proc is None:
             return
         self._send(Message(MsgKind.SHUTDOWN))
@@ -194,7 +305,9 @@ class WorkerEngine:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        """The worker's pid, also while it is still starting."""
+        proc = self._proc or self._starting
+        return proc.pid if proc is not None else None
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
@@ -269,13 +382,14 @@ class WorkerEngine:
                 self._proc.kill()  # the reader sees EOF and restarts it
 
     def _handle_crash(self) -> None:
+        """A READY worker died: restart it, with backoff, for as long as it takes (requests meanwhile
+        queue; those in flight when a restart fails get a clear error)."""
         proc, conn = self._proc, self._conn
-        if proc is not None:
-            proc.join(5)
-        code = proc.exitcode if proc is not None else None
+        code = self._reap(proc) if proc is not None else None
+        reason = f"engine worker {describe_exit(code)} {_during(self.phase)}"
         with self._lock:
             self.state = EngineState.RESTARTING
-            self.last_error = f"engine worker died (exit code {code}); restarting"
+            self.last_error = f"{reason}; restarting"
             self.restarts += 1
             self._conn = None
             self._proc = None
@@ -283,16 +397,20 @@ class WorkerEngine:
             conn.close()  # else each restart leaks the old pipe's descriptor
         if proc is not None and proc.exitcode is not None:
             proc.close()  # and the dead process's sentinel
-        log.error("engine worker died (exit code %s); %d request(s) in flight; restarting", code, len(self._inflight))
+        log.error("%s; %d request(s) in flight; restarting", reason, len(self._inflight))
         backoff = 0.5
+        self.attempt = 0
         while not self._stopping.is_set():
+            self.attempt += 1
             try:
                 self._spawn()
                 return
-            except EngineUnavailable as exc:
-                log.error("engine restart failed: %s; retrying in %.0f s", exc, backoff)
-                self.state = EngineState.RESTARTING
-                self._fail_inflight(f"engine worker could not be restarted: {exc}")
+            except _StartFailed as exc:
+                if self._stopping.is_set():
+                    return
+                self.last_error = f"{exc.reason} (restart attempt {self.attempt}); restarting"
+                log.error("engine restart failed: %s; retrying in %.1f s", exc.reason, backoff)
+                self._fail_inflight(f"engine worker could not be restarted: {exc.reason}")
                 if self._stopping.wait(backoff):
                     return
                 backoff = min(backoff * 2, 30.0)
@@ -304,7 +422,12 @@ class WorkerEngine:
             self.on_output([EngineOutput.failure(e.request.request_id, why, "engine_error") for e in entries])
 
     def health(self) -> dict[str, Any]:
-        alive = self._proc is not None and self._proc.is_alive()
+        proc = self._proc or self._starting
+        try:
+            alive = proc is not None and proc.pid is not None and proc.is_alive()
+        except ValueError:  # closed by _handle_crash between the read and the call: it is dead
+            alive = False
+        starting = self.state in (EngineState.STARTING, EngineState.FAILED)
         return {
             "state": self.state.value,
             "worker_pid": self.pid,
@@ -312,4 +435,8 @@ class WorkerEngine:
             "restarts": self.restarts,
             "last_error": self.last_error,
             "in_flight": len(self._inflight),
+            "phase": self.phase,
+            "attempt": self.attempt,
+            # the bound of a start; a restart after a crash has none
+            "max_attempts": self.start_attempts if starting else None,
         }

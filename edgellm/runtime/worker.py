@@ -1,44 +1,34 @@
 """The engine worker process: owns the llama.cpp model, runs the scheduler loop.
 
 Spawned by the supervisor with its `WorkerConfig` as the argument (uvicorn's pattern); it sets up
-its own logging and talks over one duplex Pipe. It exits when the API process goes away.
+its own logging and talks over one duplex Pipe: PHASE messages while it starts, then READY. It exits
+when the API process goes away (a thread started in supervisor._worker_main watches for that from
+the first moment).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import attach_projector
 from edgellm.engine.scheduler import Scheduler
-from edgellm.engine.types import EngineRequest, SamplingParams
+from edgellm.engine.self_test import run_self_test
 from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
+from edgellm.runtime.native_crash import crash_point
 
 log = logging.getLogger("edgellm.worker")
 
 
-# Outside the request-id space (ids are [A-Za-z0-9._:-]), so no client request can be mistaken for it.
-WARMUP_ID = "#warm-up"
-
-
-def warm_up(scheduler: Scheduler) -> float:
-    """Run one short generation so the first real request does not pay for lazy init.
-
-    It runs before the worker reports READY, so its outputs never leave the worker.
-    """
-    t0 = time.perf_counter()
-    scheduler.add_request(
-        EngineRequest(WARMUP_ID, [{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=2))
-    )
-    while scheduler.has_work():
-        if not scheduler.can_step():
-            scheduler.wait_prepared(0.05)
-        scheduler.step()
-    return 1000 * (time.perf_counter() - t0)
+def warm_up(scheduler: Scheduler) -> tuple[float, dict]:
+    """The self-test (engine/self_test.py): several ~64-token prompts decoded together and sampled, so
+    a broken kernel fails here, before READY, not on a client's first request; it also pays the lazy
+    init. Its outputs never leave the worker. Returns (ms, what it ran)."""
+    result = run_self_test(scheduler)
+    return result.ms, result.as_dict()
 
 
 def run_worker(config: WorkerConfig, conn: Connection) -> None:
@@ -51,6 +41,10 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
     )
     parent = os.getppid()
     try:
+        # Each phase is told before it begins: if llama.cpp kills the process in it, the supervisor
+        # still knows where (the message is in the pipe before the signal).
+        conn.send(Message(MsgKind.PHASE, "loading"))
+        crash_point("loading")
         model = LlamaModel(
             config.model,
             force_gpu_failure=config.force_gpu_failure,
@@ -66,7 +60,9 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         scheduler = Scheduler(
             model, max_waiting=config.max_waiting, projector=projector, projector_error=projector_error
         )
-        warmup_ms = warm_up(scheduler)
+        conn.send(Message(MsgKind.PHASE, "warm-up"))
+        crash_point("warm-up")
+        warmup_ms, self_test = warm_up(scheduler)
     except Exception as exc:  # report why, then exit: the supervisor decides what to do
         log.exception("engine failed to start")
         conn.send(Message(MsgKind.FATAL, f"{type(exc).__name__}: {exc}"))
@@ -81,6 +77,7 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         "n_vocab": model.n_vocab,
         "offload": {**asdict(model.offload), "device": model.offload.device},
         "warmup_ms": round(warmup_ms, 1),
+        "self_test": self_test,
         "media": scheduler.media_caps(),
         "pid": os.getpid(),
     }

@@ -17,6 +17,7 @@ import pytest
 
 from tests.batch.stub import Reply, StubServer, batch_run, lines, req, write_requests
 from tests.nodeproc import default_sigint
+from tests.process_hygiene import spawn
 
 
 def journal_line(rid: str | int, status: str, code: int, **extra: object) -> str:
@@ -107,9 +108,7 @@ def test_ctrl_c_then_resume_finishes_the_batch_sending_nothing_twice(tmp_path):
     journal = tmp_path / "results.jsonl.partial"
     with StubServer(lambda p, n: Reply(hold=release if p == "slow" and n == 0 else None)) as stub:
         cmd = [sys.executable, "-m", "edgellm", "batch-run", str(src), "-o", str(out), "--endpoint", stub.base]
-        proc = subprocess.Popen(
-            [*cmd, "--concurrency", "1", "-q"], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
-        )
+        proc = spawn([*cmd, "--concurrency", "1", "-q"], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and stub.count("slow") == 0:
             time.sleep(0.02)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.nodeproc import default_sigint, free_port
+from tests.process_hygiene import spawn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -181,7 +182,7 @@ def test_ctrl_c_writes_what_finished_and_exits_nonzero(node, tmp_path):
         {"id": f"long-{i}", **long} for i in range(3)
     ]
     out = tmp_path / "results.jsonl"
-    proc = subprocess.Popen(
+    proc = spawn(
         [
             sys.executable,
             "-m",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.nodeproc import NodeProcess
+from tests.process_hygiene import release, watch_descendants
 
 ARTIFACTS = Path(os.environ.get("EDGELLM_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
 TOKEN = "console-test-token"
@@ -31,8 +32,12 @@ def browser():
     with sync_playwright() as pw:
         # The system's Chromium, not a downloaded one: tests never reach the network.
         instance = pw.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        # Playwright's driver and the browser's process group die with the test run, even a SIGKILLed one.
+        watched = watch_descendants()
         yield instance
         instance.close()
+    for ident in watched:
+        release(ident)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
@@ -11,6 +10,7 @@ import pytest
 from edgellm.engine import cpu_share
 from edgellm.engine.cpu_share import ThreadGovernor, threads_for
 from tests.engine.conftest import req
+from tests.process_hygiene import spawn
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_the_engine_drops_to_one_thread_beside_a_busy_process_and_comes_back(eng
         while time.monotonic() < end:
             engine.one(req(f"cpu-{time.monotonic_ns()}", max_tokens=16))
 
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = spawn([sys.executable, "-c", "while True: pass"])
     try:
         generate_for(3.5)
         assert scheduler.threads.current == 1

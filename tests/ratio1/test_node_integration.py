@@ -32,6 +32,7 @@ import jsonschema
 import pytest
 
 from edgellm.runtime.ratio1_node import NodeOptions, Ratio1Node, free_port
+from tests.process_hygiene import watch
 
 TOKEN = "ratio1-test-token-5b1f0c"
 NODE_KEYS = {"server_node_addr", "evm_network", "ee_node_alias", "ee_node_address", "ee_node_eth_address"}
@@ -99,6 +100,23 @@ def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
     }
 
 
+class WatchedRatio1Node(Ratio1Node):
+    """Ratio1Node whose broker and node (each started in a session of its own) are registered with the
+    test run's sentinel as soon as they are started: a killed pytest leaves neither, nor what the node
+    started (tests/process_hygiene.py)."""
+
+    def _start_broker(self, mosquitto: str) -> None:
+        try:
+            super()._start_broker(mosquitto)
+        finally:
+            if self.broker is not None:
+                watch(self.broker.pid, group=True)
+
+    def _start_node(self, startup: Path) -> None:
+        super()._start_node(startup)
+        watch(self.node.pid, group=True)
+
+
 @pytest.fixture(scope="module")
 def ratio1_node(tmp_path_factory) -> Ratio1Node:
     """One real offline node for the module; stopped (SIGINT to its process group) at the end."""
@@ -112,7 +130,7 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
     broken = workdir / "not-a-model.gguf"
     broken.write_bytes(b"this is not a GGUF file\n" * 64)
     ports = {name: free_port() for name in ("wrapped", "raw", "auth", "broken", "unsafe")}
-    node = Ratio1Node(
+    node = WatchedRatio1Node(
         NodeOptions(
             python=python,
             workdir=workdir,

@@ -21,6 +21,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from tests.process_hygiene import reap_group, spawn
+
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ["apple", "banana", "cherry", "dragonfruit", "elderberry", "fig", "grape", "honeydew"]
 SCHEMA = {
@@ -143,6 +145,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    reap_group(proc.pid)  # what the node started and left behind
 
 
 @pytest.fixture(scope="module")
@@ -152,16 +155,15 @@ def answers(tmp_path_factory, model_path):
     port = _free_port()
     conf = root / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-    broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    broker = spawn(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     node_dir = _node_folder(root / "node", model_path, port)
     env = {**os.environ, "EE_VPN_IMPL": "true", "EE_ETH_ENABLED": "false", "EE_ID": "edgellm-serving-test",
            "EE_CONFIG": str(node_dir / "config" / "startup.json"), "EE_DAUTH_URL": "N/A", "EE_DEVICE": "cpu",
            "EE_TUNNEL_ENGINE": "none", "EE_SUPERVISOR": "false"}  # fmt: skip
     env["PATH"] = f"{Path(python).parent}:{env['PATH']}"
     log = (root / "node.log").open("w")
-    node = subprocess.Popen(
-        [python, "run_node.py"], cwd=node_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    # Its own process group (what the node starts is in it): _stop() and the sentinel reach all of it.
+    node = spawn([python, "run_node.py"], own_group=True, cwd=node_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
     out, wanted, deadline = node_dir / "answers.json", len(_payloads()), time.monotonic() + 240
     try:
         while time.monotonic() < deadline and node.poll() is None:
