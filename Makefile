@@ -37,7 +37,7 @@ system-deps:
 	    systemd jq sox libsox-fmt-mp3 chromium; }
 
 # The Ratio1 node runs in a venv of its own (naeural-core, torch: ~7 GB, ~2 min cold) cached outside the
-# clone, keyed by requirements/ratio1.lock.txt (tools/ratio1_venv.sh prints its path), and talks to a
+# clone, keyed by requirements/ratio1.lock.txt and the engine build (tools/ratio1_venv.sh prints its path), and talks to a
 # local mosquitto (Debian package). The integration test starts a real offline node with them.
 RATIO1_VENV = PYTHON=$(PYTHON) tools/ratio1_venv.sh
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from edgellm.runtime.native_crash import describe_exit
 from tests.process_hygiene import reap_group, release, spawn
 
 READY_TIMEOUT_S = 120.0  # model load and the engine's self-test on a slow 2-core machine, with margin
@@ -31,15 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 class NodeProcess:

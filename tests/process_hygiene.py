@@ -13,7 +13,6 @@ pytest's session finish: Ctrl-C, a normal end).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,44 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
-PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-# Resolved here, in the parent: the forked child only calls it (no dlopen between fork and exec).
-_prctl = _load_prctl()
-
-
-def die_with_parent(*also: Callable[[], None]) -> Callable[[], None]:
-    """A Popen preexec_fn: the child is SIGKILLed by the kernel when the calling thread exits.
-
-    `also`: other preexec steps, run first (e.g. nodeproc.default_sigint). Built in the parent, which
-    it remembers: a parent that died before prctl() ran (the race) makes the child kill itself. Off
-    the main thread PDEATHSIG would fire when that thread ends, not the run, so it is not set there
-    (the sentinel still covers such a child)."""
-    parent = os.getpid()
-    arm = _prctl is not None and threading.current_thread() is threading.main_thread()
-
-    def preexec() -> None:
-        for step in also:
-            step()
-        if arm:
-            _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != parent:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
+# One implementation, shared with the crash guard's child: PR_SET_PDEATHSIG, the race, the main thread.
+from edgellm.runtime.child_process import PR_SET_PDEATHSIG, die_with_parent  # noqa: F401 (both public here)
 
 
 # -- /proc ----------------------------------------------------------------------------------------

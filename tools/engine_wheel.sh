@@ -16,8 +16,9 @@
 # EDGELLM_LLAMA_CMAKE_ARGS, when set, replaces the chosen flags (set it to "" for llama.cpp's own default,
 # e.g. to turn AMX back on once upstream fixes it).
 #
-# The build is identified by KEY = sha256(llama-cpp-python version, CMAKE_ARGS, and, for a native build, the
-# CPU's ISA flags from /proc/cpuinfo): a wheel made with other flags, or for another CPU, is never reused.
+# The build is identified by KEY = sha256(llama-cpp-python version, architecture, CMAKE_ARGS, for a native
+# build the CPU's ISA flags from /proc/cpuinfo, for a CUDA "native" build the GPU's compute capability and
+# nvcc's version): a wheel made with other flags, or for another CPU or GPU, is never reused.
 # Wheels live in ${EDGELLM_WHEEL_ROOT:-$HOME/.cache/edgellm/wheels}/llama-cpp-python-<version>-<KEY>/, built
 # with pip's cache off (pip's wheel cache is keyed by the sdist only, so it would hand back a build made
 # with any flags) in a temporary folder that is renamed into place only once complete; concurrent callers
@@ -83,10 +84,22 @@ choose_flags() {   # sets DEVICE, CUDA_ARCH, CMAKE_ARGS, CUDACXX, KEY
     local cpu=""
     case "$CMAKE_ARGS" in
         *GGML_NATIVE=OFF*|*GGML_NATIVE=off*) ;;
-        *) cpu="$(grep -m1 -E '^(flags|Features)' "$CPUINFO_FILE" 2>/dev/null | cut -d: -f2 | tr ' ' '\n' \
-                  | sort -u | tr '\n' ' ')" ;;   # -march=native: the build is only good for this ISA
+        *)  # -march=native: the build is only good for this ISA. No flags line (riscv, some containers):
+            # the whole cpuinfo minus what changes while running (MHz, bogomips) names the CPU instead.
+            cpu="$({ grep -m1 -E '^(flags|Features)' "$CPUINFO_FILE" 2>/dev/null || true; } | cut -d: -f2 \
+                   | tr ' ' '\n' | sort -u | tr '\n' ' ')"
+            if [ -z "${cpu// /}" ]; then
+                cpu="$({ grep -v -i -E 'mhz|bogomips' "$CPUINFO_FILE" 2>/dev/null || true; } | sort -u | sha256sum)"
+            fi ;;
     esac
-    KEY="$(printf '%s\n%s\n%s\n%s\n' "$LLAMA_CPP_VERSION" "$MACHINE" "$CMAKE_ARGS" "$cpu" | sha256sum | cut -c1-16)"
+    # A CUDA build for "native" is only good for this GPU and this CUDA toolkit.
+    local gpu=""
+    if [ "$CUDA_ARCH" = "native" ]; then
+        gpu="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | sort -u | tr '\n' ' ' || true)"
+        gpu="$gpu $("$CUDACXX" --version 2>/dev/null | tail -n 1 || true)"
+    fi
+    KEY="$({ printf '%s\n%s\n%s\n%s\n' "$LLAMA_CPP_VERSION" "$MACHINE" "$CMAKE_ARGS" "$cpu"
+             [ -z "$gpu" ] || printf '%s\n' "$gpu"; } | sha256sum | cut -c1-16)"
 }
 
 print_flags() {
@@ -135,11 +148,26 @@ PY
     find_wheel
 }
 
+installed_from() {   # installed_from VENV: the URL pip installed VENV's llama-cpp-python from (empty: none)
+    "$1/bin/python" - <<'PY' 2>/dev/null || true
+import importlib.metadata as md
+import json
+
+try:
+    print(json.loads(md.distribution("llama_cpp_python").read_text("direct_url.json") or "{}").get("url", ""))
+except md.PackageNotFoundError:
+    pass
+PY
+}
+
 install_into() {   # install_into VENV
     local venv="$1" marker="$1/edgellm-engine-build.json"
     [ -x "$venv/bin/python" ] || die "--install: $venv has no bin/python"
+    # Skipped only when the venv's llama-cpp-python was installed from this key's wheel (pip's record of
+    # where it came from, direct_url.json), not merely when the marker says so: a later `pip install
+    # --force-reinstall` or a wheel from pip's cache replaces the package and leaves the marker behind.
     if [ -f "$marker" ] && grep -q "\"key\": \"${KEY}\"" "$marker" \
-            && "$venv/bin/python" -c "import llama_cpp" >/dev/null 2>&1; then
+            && installed_from "$venv" | grep -q "/llama-cpp-python-${LLAMA_CPP_VERSION}-${KEY}/"; then
         return 0
     fi
     local wheel; wheel="$(build_wheel "$venv/bin/python")"

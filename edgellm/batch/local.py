@@ -26,8 +26,9 @@ generating.
 
 Run by `edgellm batch-run --local` in a crash-guarded child (edgellm/runtime/crash_guard.py): `on_phase`
 is told when the model loads and which requests the engine decodes ("decoding request 3 of 10 (id
-"r2")"; the crash point "decoding:N" with N the request's 1-based place in the requests file), so
-the parent can say where a native crash happened; the journal already holds what finished.
+"r2")"; the crash point "decoding:N" with N the request's 1-based place in the requests file;
+"closing" when the engine is torn down), so the parent can say where a native crash happened; the
+journal already holds what finished.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from edgellm.batch.runner import Deliver, answer_outcome, wire_body
 from edgellm.engine.types import EngineRequest
 from edgellm.errors import EdgeLLMError
 from edgellm.media.types import MediaCaps
-from edgellm.runtime.crash_guard import describe_requests
+from edgellm.runtime.crash_guard import CLOSING, decoding_reporter
 from edgellm.runtime.http_common import SafeJSONResponse, parse_json
 from edgellm.runtime.http_guard import body_too_large
 from edgellm.runtime.settings import Settings
@@ -131,30 +132,19 @@ class LocalTransport:
             line = {"id": rid, "latency_ms": _latency_ms(out, request), **answer_outcome(code, _rendered(body))}
             deliver(i, line)
 
-        places = {request_id: (entry[0], entry[1]) for request_id, entry in queued.items()}  # (index, id)
-        total = self.total or 1 + max((i for i, _ in places.values()), default=0)
-
-        def decoding(ids: tuple[str, ...]) -> None:  # the requests the engine's next step decodes
-            found = [places[rid] for rid in ids if rid in places]
-            if self.on_phase is None or not found:
-                return
-            text = describe_requests([i + 1 for i, _ in found], total)
-            if len(found) == 1:
-                text += f" (id {json.dumps(found[0][1])[:80]})"
-            self.on_phase(text, None)
-            for i, _ in found:  # each request's crash point once, when it first enters the engine's steps
-                if i + 1 not in self._decoding_started:
-                    self._decoding_started.add(i + 1)
-                    self.on_phase(text, f"decoding:{i + 1}")
-
-        if queued:
-            self.engine.generate(
-                [entry[3] for entry in queued.values()],
-                on_finished=finished,
-                on_decoding=decoding if self.on_phase is not None else None,
-            )
+        if not queued:
+            return
+        decoding = None
+        if self.on_phase is not None:
+            # (1-based place in the file, the id for the phase of a request decoded alone)
+            places = {rid: (entry[0] + 1, f"id {json.dumps(entry[1])[:80]}") for rid, entry in queued.items()}
+            total = self.total or max(n for n, _ in places.values())
+            decoding = decoding_reporter(self.on_phase, places, total, self._decoding_started)
+        self.engine.generate([entry[3] for entry in queued.values()], on_finished=finished, on_decoding=decoding)
 
     def close(self, *, abandon: bool) -> None:
+        if self.on_phase is not None:  # what finished is journaled: what is left is the teardown
+            self.on_phase(CLOSING, "closing")
         try:
             self.engine.close()
         except Exception:

@@ -448,11 +448,17 @@ def _parse_results(name: str, raw: bytes) -> Iterator[dict[str, Any]]:
         yield line
 
 
+def journal_path(out: str | Path) -> Path:
+    """The journal of the results file `out`: `<out>.partial` (see the module doc)."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
+
+
 class _Journal:
     """`<out>.partial`, locked for the run; opened without ever truncating what an earlier run wrote."""
 
     def __init__(self, out: Path, opts: BatchOptions):
-        self.path = out.with_name(out.name + ".partial")
+        self.path = journal_path(out)
         created = not self.path.exists()
         try:
             self.f: IO[bytes] = open(self.path, "a+b")  # "a": never truncates on open
@@ -530,7 +536,7 @@ def write_after_crash(batch: list[dict[str, Any]], out: Path) -> int | None:
     in `out` (Ctrl-C leaves it out); either way --resume sends it again.
     """
     out = Path(out)
-    path = out.with_name(out.name + ".partial")
+    path = journal_path(out)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

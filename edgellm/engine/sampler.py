@@ -77,9 +77,10 @@ def _draw(row: np.ndarray, params: SamplingParams, u: float) -> int:
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = row * np.float32(1.0 / params.temperature)
     best = np.max(scaled)
-    if np.isnan(best) or best == np.inf:
-        # A temperature so small (valid down to any value > 0) that the scaled logits overflow:
-        # its limit is the greedy pick, which is what the caller asked for in effect.
+    if not np.isfinite(best):
+        # A temperature so small (valid down to any value > 0) that the scaled logits overflow (to
+        # +inf, to nan for a 0 logit, or all to -inf when every allowed logit is negative): its limit
+        # is the greedy pick, which is what the caller asked for in effect.
         return int(np.argmax(row))
     if 0 < params.top_k < scaled.shape[0]:
         cand = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]

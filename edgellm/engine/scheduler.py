@@ -140,6 +140,11 @@ class Scheduler:
         if head is not None:
             futures_wait([head.future], timeout=timeout_s)
 
+    def wait_all_prepared(self, timeout_s: float) -> None:
+        """Block up to timeout_s until every waiting request is prepared (the self-test admits its
+        sequences together, so that they prefill in one batch)."""
+        futures_wait([p.future for p in self.waiting], timeout=timeout_s)
+
     def load(self) -> dict:
         busy = sum(1 for s in self.slots if s.state is not SlotState.IDLE)
         return {

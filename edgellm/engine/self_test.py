@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.slot import SlotState
 from edgellm.engine.types import CacheCommit, EngineRequest, SamplingParams
 
 # Outside the request-id space (ids are [A-Za-z0-9._:-]), so no client request can be mistaken for one.
@@ -35,6 +36,7 @@ class SelfTestFailed(RuntimeError):
 @dataclass(frozen=True)
 class SelfTestResult:
     sequences: int
+    prefilled_together: int  # of them, prompts decoded in the first step's batch (n_batch permitting)
     prompt_tokens: int  # per sequence
     new_tokens: int  # generated, all sequences together
     ms: float
@@ -42,6 +44,7 @@ class SelfTestResult:
     def as_dict(self) -> dict[str, float | int]:
         return {
             "sequences": self.sequences,
+            "prefilled_together": self.prefilled_together,
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "ms": round(self.ms, 1),
@@ -59,14 +62,14 @@ def _prompt(model, seq: int, n_tokens: int) -> str:
     return text
 
 
-def run_self_test(scheduler: Scheduler, *, on_step=None) -> SelfTestResult:
+def run_self_test(scheduler: Scheduler) -> SelfTestResult:
     """Prefill min(n_slots, 3) prompts of ~64 tokens together, sample 4 tokens from each, check them.
 
-    Raises SelfTestFailed when a sequence ends with an error or without a token. `on_step` is called
-    before each engine step (the worker uses it to keep its phase current).
+    Raises SelfTestFailed when a sequence ends with an error or without a token.
     """
     model = scheduler.model
-    n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots))
+    # Within the slots and the queue the node was given (max_queued can be 1 or 2 on a small board).
+    n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots, scheduler.max_waiting))
     # A small context (a test config, a board preset) still gets a prompt that fits with its answer.
     # (8 words of overshoot are at most ~24 tokens.)
     prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.slot_ctx - SELF_TEST_NEW_TOKENS - 32))
@@ -88,16 +91,19 @@ def run_self_test(scheduler: Scheduler, *, on_step=None) -> SelfTestResult:
         refused = scheduler.add_request(request)
         if refused is not None:
             raise SelfTestFailed(f"the engine refused its self-test request: {refused.error}")
+    # All prepared before the first step, so that the first step prefills them in one batch.
+    scheduler.wait_all_prepared(60.0)
     finals = {}
+    together = None
     while scheduler.has_work():
         if not scheduler.can_step():
             scheduler.wait_prepared(0.05)
             continue
-        if on_step is not None:
-            on_step()
         for out in scheduler.step():
             if out.finished:
                 finals[out.request_id] = out
+        if together is None:  # prompts past their prefill after the first step (or already done)
+            together = len(finals) + sum(1 for slot in scheduler.slots if slot.state is SlotState.DECODE)
     new_tokens = 0
     for rid in ids:
         out = finals.get(rid)
@@ -106,4 +112,4 @@ def run_self_test(scheduler: Scheduler, *, on_step=None) -> SelfTestResult:
         if out.completion_tokens < 1:
             raise SelfTestFailed(f"self-test sequence {rid} generated no token")
         new_tokens += out.completion_tokens
-    return SelfTestResult(n_seq, prompt_tokens, new_tokens, 1000 * (time.perf_counter() - t0))
+    return SelfTestResult(n_seq, together or 0, prompt_tokens, new_tokens, 1000 * (time.perf_counter() - t0))

@@ -3,7 +3,8 @@
 Exit codes: 0 every request ok, 1 some request failed (the output file is complete), 2 unusable
 input (nothing run, no output written), 3 the engine crashed (a native fault, e.g. SIGSEGV: one line
 says where and what to do; the requests that finished are in the output, the others failed with the
-crash), 130 interrupted.
+crash; a crash at exit, after the output was written, only warns: the exit code is the run's), 130
+interrupted.
 
 The run happens in a child process (edgellm/runtime/crash_guard.py): a crash in llama.cpp kills that
 process by a signal, and this one survives it to write what finished and say why.
@@ -17,13 +18,12 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported lazily at run time: the guard's parent process stays light
     from edgellm.infer.contract import InferJob
-    from edgellm.runtime.crash_guard import Crash
+    from edgellm.runtime.crash_guard import Crash, PhaseRecorder
 
 
 def add_infer_arguments(p: argparse.ArgumentParser) -> None:
@@ -118,7 +118,7 @@ def _after_crash(args: argparse.Namespace, crash: Crash) -> str:
     journal.unlink(missing_ok=True)
     done, rest = len(finished), len(document["responses"]) - len(finished)
     what = "1 finished request was" if done == 1 else f"{done} finished requests were"
-    return f"{what} written to {args.output} (the other {rest} are marked failed)"
+    return f"{what} written to {args.output}" + (f" (the other {rest} are marked failed)" if rest else "")
 
 
 def run_infer_command(args: argparse.Namespace) -> int:
@@ -141,7 +141,7 @@ def run_infer_command(args: argparse.Namespace) -> int:
     return _run(args, phase)
 
 
-def _run(args: argparse.Namespace, phase: Callable[[str, str | None], None] | None) -> int:
+def _run(args: argparse.Namespace, phase: PhaseRecorder | None) -> int:
     """The command itself; `phase`: the guarded child's PhaseRecorder (None when run unguarded)."""
     from tqdm import tqdm
 
@@ -203,10 +203,13 @@ def _run(args: argparse.Namespace, phase: Callable[[str, str | None], None] | No
     finally:
         if journal is not None:  # this process ends normally: nobody will read it
             journal.remove()
+    code = 0
     if result.interrupted:
         print(f"edgellm infer: interrupted; unfinished requests are `cancelled` in {args.output}", file=sys.stderr)
-        return 130
-    if result.failed:
+        code = 130
+    elif result.failed:
         print(f"edgellm infer: {result.failed} of {len(job.items)} requests failed; see {args.output}", file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    if phase is not None:  # the guarded child: a crash from here on (the engine's teardown at exit) is not the run's
+        phase.finished(code, f"{args.output} was written")
+    return code

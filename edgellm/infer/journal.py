@@ -13,10 +13,13 @@ Nothing here loads llama.cpp: the parent imports it (the runner imports failed_r
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import IO, Any
 
 from edgellm.infer.contract import InferItem, InferJob
+
+log = logging.getLogger(__name__)
 
 
 def journal_path(output: str | Path) -> Path:
@@ -27,25 +30,50 @@ def journal_path(output: str | Path) -> Path:
 class ResponseJournal:
     """The guarded child's writer. The file is made at the first response (with the output's folders,
     which write_json would make): no response, no journal, and the parent writes nothing. infer has no
-    --resume, so an earlier run's journal is never read: the parent removes it before the child starts."""
+    --resume, so an earlier run's journal is never read: the parent removes it before the child starts.
+    A write that fails (disk full) turns the journal off with one warning; the run goes on."""
 
     def __init__(self, output: str | Path):
         self.path = journal_path(output)
         self._f: IO[str] | None = None
+        self._off = False  # a write failed: no more journaling (see append)
 
     def append(self, response: dict[str, Any]) -> None:
-        if self._f is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "w", encoding="utf-8")
-        # ASCII escapes: any text the model produced (a lone surrogate included) can be written.
-        self._f.write(json.dumps(response) + "\n")
-        self._f.flush()  # to the kernel: a process that dies now loses nothing written
+        if self._off:
+            return
+        try:
+            if self._f is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._f = open(self.path, "w", encoding="utf-8")
+            # ASCII escapes: any text the model produced (a lone surrogate included) can be written.
+            self._f.write(json.dumps(response) + "\n")
+            self._f.flush()  # to the kernel: a process that dies now loses nothing written
+        except OSError as exc:
+            # The disk is full, the folder went away: the run goes on, its output written at the end is
+            # what matters. What the journal holds is still read after a crash (a torn line is skipped).
+            self._off = True
+            self._close()
+            log.warning(
+                "cannot write the journal %s (%s): the run goes on, but a crash of the engine would now lose "
+                "the responses that finish from here on",
+                self.path,
+                exc.strerror or exc,
+            )
+
+    def _close(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.close()  # flushes what a failed write left in the buffer: that can fail again
+            except OSError:
+                pass
 
     def remove(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
-        self.path.unlink(missing_ok=True)
+        self._close()
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:  # its folder is gone or not one: nothing to remove, and no reason to fail the run
+            pass
 
 
 def read_journal(path: Path) -> dict[int, dict[str, Any]]:

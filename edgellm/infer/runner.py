@@ -8,8 +8,8 @@ breaks a batch rule fails as a whole; nothing stops the rest of the file.
 Two hooks for the crash-guarded command (edgellm/runtime/crash_guard.py): `on_phase(text, point)`
 is told what the engine is about to do (loading, warm-up, which requests it decodes; `point` names
 the moment for native_crash.crash_point: "loading", "warm-up", "decoding:N" with N the request's
-1-based place in the input file), and `on_response(response)` gets each response as it is final,
-so what finished survives the process.
+1-based place in the input file, "closing" once every response is final), and
+`on_response(response)` gets each response as it is final, so what finished survives the process.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.loading import load_content
 from edgellm.media.types import MediaCaps
 from edgellm.offline import OfflineEngine, RunStats
-from edgellm.runtime.crash_guard import describe_requests
+from edgellm.runtime.crash_guard import CLOSING, decoding_reporter
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,8 @@ def run_job(
             "n_slots": engine.model.n_slots,
             "slot_ctx": engine.model.slot_ctx,
         }
+        if on_phase is not None:  # every response is final (and journaled): what is left is the teardown
+            on_phase(CLOSING, "closing")
     responses = [runner.responses[i] for i in range(len(job.items))]
     failed = sum(1 for r in responses if r["finish_reason"] in ("error", "cancelled") or r.get("error"))
     document = {"input_file": job.input_file, "responses": responses}
@@ -200,23 +202,12 @@ class _Runner:
             self._respond(*by_id[out.request_id], out)
             self._tick()
 
-        on_phase = self.on_phase
-
-        def decoding(ids: tuple[str, ...]) -> None:  # the requests the engine's next step decodes
-            numbers = [by_id[rid][0].request_idx + 1 for rid in ids if rid in by_id]
-            if on_phase is None or not numbers:
-                return
-            text = describe_requests(numbers, len(self.job.items))
-            on_phase(text, None)
-            for n in numbers:  # each request's crash point once, when it first enters the engine's steps
-                if n not in self._decoding_started:
-                    self._decoding_started.add(n)
-                    on_phase(text, f"decoding:{n}")
-
+        decoding = None
+        if self.on_phase is not None:
+            places = {rid: (item.request_idx + 1, None) for rid, (item, _) in by_id.items()}
+            decoding = decoding_reporter(self.on_phase, places, len(self.job.items), self._decoding_started)
         outputs, stats = self.engine.generate(
-            [request for _, request in runnable],
-            on_finished=finished,
-            on_decoding=decoding if on_phase is not None else None,
+            [request for _, request in runnable], on_finished=finished, on_decoding=decoding
         )
         self.batch_profiles.append(_batch_profile(batch, len(items), outputs, stats))
 

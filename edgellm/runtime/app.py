@@ -82,12 +82,21 @@ def worker_config(settings: Settings, model: ModelConfig | None = None) -> Worke
 
 
 def create_app(
-    settings: Settings, *, on_ready=None, on_stop=None, on_failed=None, node: NodeIdentity | None = None
+    settings: Settings,
+    *,
+    on_ready=None,
+    on_stop=None,
+    on_failed=None,
+    on_start_attempt=None,
+    node: NodeIdentity | None = None,
 ) -> FastAPI:
     """The node's ASGI app. `node`: the identity WRAPPED bodies carry (a Ratio1 node passes its real
     keys); default: an edgellm identity from settings.node_alias / evm_network. `on_failed(reason)`:
-    called when the engine could not be started (its last attempt failed); `edgellm serve` then exits.
-    Without it the node stays up answering 503 with the reason (a host that supervises it otherwise)."""
+    called when the engine could not be started (its last attempt failed), or could not be restarted
+    after a crash (every restart failed); `edgellm serve` then exits. Without it the node stays up
+    answering 503 with the reason (a host that supervises it otherwise). `on_start_attempt(status, s)`:
+    as each attempt to start (or restart) the engine begins, a status line and the most seconds it
+    and the wait after it can take (serve extends systemd's start timeout with them)."""
     # First: a model that does not fit the memory budget stops the node before it opens anything.
     model_config = settings.model()
     # The boot id marks the rows this process accepts: pending rows of other boots are what to recover.
@@ -128,7 +137,7 @@ def create_app(
         period = max(1.0, min(60.0, settings.request_ttl / 4))
         next_evict = asyncio.get_running_loop().time() + period
         while True:
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(min(2.0, period))  # a short TTL is evicted every `period` s, not every 2 s
             await asyncio.to_thread(service.flush_unsaved)
             if asyncio.get_running_loop().time() < next_evict:
                 continue
@@ -149,6 +158,8 @@ def create_app(
             on_retry=registry.bump_attempts,
             start_attempts=settings.engine_start_attempts,
             start_backoff_s=settings.engine_start_backoff_s,
+            on_start_attempt=on_start_attempt,
+            on_failed=on_failed,  # from the reader thread, when the restarts after a crash gave up
         )
         service.bind(engine, asyncio.get_running_loop())
         drain.bind(asyncio.get_running_loop())

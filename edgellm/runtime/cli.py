@@ -63,8 +63,10 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     notifier = Notifier()
+    ready: list[bool] = []  # READY=1 sent
 
     def on_ready(service) -> None:
+        ready.append(True)
         info = service.engine.info
         offload = info.get("offload", {})
         notifier.ready(
@@ -77,12 +79,28 @@ def _serve(args: argparse.Namespace) -> int:
     failure: list[str] = []
 
     def on_failed(reason: str) -> None:
-        # The engine will not start (its last attempt failed): a node answering 503 forever would look
-        # healthy to systemd. Stop serving and exit non-zero, so Restart= and the journal see why.
+        # The engine will not start (its last attempt failed), or not come back after a crash (every
+        # restart failed): a node answering 503 forever would look healthy to systemd. Stop serving
+        # and exit non-zero, so Restart= and the journal see why. (Called from a worker thread.)
         failure.append(reason)
         server.should_exit = True
 
-    app = create_app(settings, on_ready=on_ready, on_stop=lambda service: notifier.stopping(), on_failed=on_failed)
+    def on_start_attempt(status: str, bound_s: float) -> None:
+        # Each attempt may take the worker's ready timeout: systemd's TimeoutStartSec bounds the first,
+        # this extends the start for the next, so serve itself gives up, exit 3 with its reason. After
+        # READY=1 there is no start timeout to extend: the STATUS line alone.
+        if ready:
+            notifier.status(status)
+        else:
+            notifier.extend_start(bound_s, status)
+
+    app = create_app(
+        settings,
+        on_ready=on_ready,
+        on_stop=lambda service: notifier.stopping(),
+        on_failed=on_failed,
+        on_start_attempt=on_start_attempt,
+    )
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM/SIGINT: tell systemd and stop admitting at once
@@ -149,7 +167,7 @@ def _batch_run(args: argparse.Namespace) -> int:
             raise BatchInputError(f"{out}: the results file would overwrite the requests file")
     except BatchInputError as exc:
         return refuse(exc.message)
-    transport = None
+    transport = phase = None
     if args.local:
         from edgellm.runtime import crash_guard
         from edgellm.runtime.settings import load_settings
@@ -191,7 +209,7 @@ def _batch_run(args: argparse.Namespace) -> int:
         code = run_batch(batch, out, opts, transport)
     except BatchInputError as exc:  # the journal or the results file: nothing was sent
         print(f"edgellm batch-run: {exc.message}", file=sys.stderr)
-        return 2
+        code = 2
     except OSError as exc:  # disk full, permissions: run_batch kept the journal and said so
         print(f"edgellm batch-run: {exc}", file=sys.stderr)
         code = -1
@@ -203,18 +221,20 @@ def _batch_run(args: argparse.Namespace) -> int:
         # (the pool's threads would hold the exit for up to --timeout each).
         sys.stderr.flush()
         os._exit(1 if code == -1 else code)
+    if phase is not None:  # the guarded child: a crash from here on (the engine's teardown at exit) is not the run's
+        phase.finished(code, f"{out} was written" if code in (0, 1) else "")
     return code
 
 
 def _batch_after_crash(src: Path, out: Path) -> str:
     """batch-run --local's salvage, in the guard's parent: `out` from the journal, as Ctrl-C writes it."""
-    from edgellm.batch.runner import load_requests, write_after_crash
+    from edgellm.batch.runner import journal_path, load_requests, write_after_crash
 
     batch = load_requests(src)  # it was read before the child started; an error now is one in the crash line
     written = write_after_crash(batch, out)
     if written is None:
         return "no request had finished; nothing was written"
-    journal = out.with_name(out.name + ".partial")
+    journal = journal_path(out)
     return f"{written} of {len(batch)} results were written to {out}; {journal} is kept: --resume runs the rest"
 
 

@@ -2,18 +2,29 @@
 
 A native crash in llama.cpp (its AMX matmul on Sapphire Rapids, upstream issue 20824; a bad build)
 kills the process by a signal, past any Python handler: a bare `Segmentation fault`, exit 139, and
-no output. So the command runs itself again as a child (`python -m edgellm <the same argv>`, with
-CHILD_ENV set so the child does the work), and the parent, which never loads llama.cpp, waits:
+no output. So the command runs itself again as a child (the same interpreter, flags and sys.path,
+`edgellm.runtime.cli.main(<the same argv>)`, with CHILD_ENV set so the child does the work), and the
+parent, which never loads llama.cpp, waits:
 
 - a normal exit, an error exit or Ctrl-C's 130 of the child are passed through unchanged;
-- signals sent to the parent by a process (kill, systemd, `timeout`) are forwarded to the child; the
-  terminal's Ctrl-C, Ctrl-\\ and hang-up reach the child by themselves (same process group), so those
-  are not sent twice; a child that dies of a signal the parent got too ends the parent the same way;
-  a parent killed outright (SIGKILL) takes the child with it (PR_SET_PDEATHSIG): one thing to kill;
+- signals: the child leads a process group of its own, so whatever is sent to the command (the
+  terminal's Ctrl-C, Ctrl-\\ and hang-up, which go to the foreground group: the parent's; a kill of
+  the parent or of its group; `timeout`) reaches the parent only, and the parent forwards each
+  SIGINT, SIGTERM, SIGHUP and SIGQUIT it gets to the child, once: the child gets each signal once,
+  as an unguarded command would (never a second Ctrl-C inside its Ctrl-C handling; systemd's stop,
+  which signals every process of the unit, may give it a second SIGTERM: it ends it all the same). Ctrl-Z
+  stops the child, then the parent; continuing the parent (`fg`, `bg`) continues the child. The
+  child, in the background for the terminal, writes its progress bar there as before; it ignores
+  SIGTTOU and SIGTTIN, so `stty tostop` or a read of the terminal never stops it behind the parent's
+  back. A child that dies of a signal the parent got too ends the parent the same way; a parent
+  killed outright (SIGKILL) takes the child with it (PR_SET_PDEATHSIG, runtime/child_process.py);
 - a child killed by any other signal crashed (SIGSEGV, SIGBUS, SIGILL, SIGABRT...; or was stopped from
   outside: SIGKILL, often the out-of-memory killer): the command's `salvage` writes out what finished
   (as Ctrl-C would) and the parent prints one line, the signal, the phase and what to do, and exits
-  ENGINE_CRASH_EXIT.
+  ENGINE_CRASH_EXIT;
+- except after the work was done: once the child has written its output it records its exit code
+  (PhaseRecorder.finished); a crash after that (llama.cpp's teardown at exit) leaves the output as it
+  is, and the parent prints one warning line and exits with the child's code.
 
 The phase: the child writes a short fixed-size record into a file the parent named (PhaseRecorder,
 one pwrite, only when the phase changes), so the parent can say "while decoding request 3 of 10".
@@ -22,7 +33,6 @@ Linux only (sigtimedwait); elsewhere, and with EDGELLM_CRASH_GUARD=off, the comm
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -31,7 +41,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from edgellm.runtime.native_crash import CRASH_ADVICE, crash_point, describe_exit
+from edgellm.runtime.child_process import die_with_parent
+from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, crash_point, describe_exit
 
 # The exit code of an in-process command whose engine crashed (the same code as `edgellm serve`'s
 # engine that cannot start): neither 139 (what a shell shows for a bare segfault) nor 1 (requests failed).
@@ -42,24 +53,47 @@ SWITCH_ENV = "EDGELLM_CRASH_GUARD"  # "off": no child (a debugger, a profiler, a
 
 PHASE_BYTES = 512  # one record; a pwrite this small is never torn by the writer's death
 STARTING = "starting (before the model was loaded)"
+CLOSING = "closing the engine"  # the phase of the engine's teardown, once every request has ended
+_FINISHED = "finished, exit "  # the final record: "finished, exit N: OUTPUT was written"
 
-# Signals that end a command and that the parent may receive: forwarded to the child, see the module doc.
+# Signals that end a command: forwarded to the child, once each, see the module doc.
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-# What native code dies of by itself (a bad access, an illegal instruction, abort()): "crashed".
-_FAULTS = frozenset(
-    {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS, signal.SIGTRAP}
+
+# The child's code: the parent's sys.path (its own first entry, the current directory for `-c`,
+# replaced by the parent's: a directory holding another `edgellm/`, or a module named like a
+# dependency, must not make the child run other code than the parent), then the command's main.
+_CHILD_CODE = (
+    "import sys\n"
+    "if not (sys.flags.isolated or getattr(sys.flags, 'safe_path', False)):\n"
+    "    sys.path[0:1] = {entry!r}\n"
+    "from edgellm.runtime.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
 )
 
 
 @dataclass(frozen=True)
 class Crash:
-    """How the guarded child died, and where it was."""
+    """How the guarded child died, and where it was (its last phase record)."""
 
     returncode: int  # negative: the signal (Popen's convention)
     phase: str
 
+    @property
+    def exit_code(self) -> int | None:
+        """The child's own exit code when it died after it had finished its work (see PhaseRecorder.finished)."""
+        if not self.phase.startswith(_FINISHED):
+            return None
+        code, _, _ = self.phase[len(_FINISHED) :].partition(":")
+        try:
+            return int(code)
+        except ValueError:
+            return None
+
     def describe(self) -> str:
-        how = "crashed" if -self.returncode in _FAULTS else "was stopped"
+        how = "crashed" if -self.returncode in NATIVE_FAULT_SIGNALS else "was stopped"
+        if self.exit_code is not None:
+            written = self.phase[len(_FINISHED) :].partition(":")[2].strip() or "the command had finished"
+            return f"the engine {how} at exit ({describe_exit(self.returncode)}) after {written}"
         return f"the engine {how} ({describe_exit(self.returncode)}) while {self.phase}"
 
     def advice(self) -> str:
@@ -71,29 +105,26 @@ class Crash:
 Salvage = Callable[[Crash], str]  # writes what finished; returns what it wrote, in words, for the crash line
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return prctl
+def _child_command(argv: Sequence[str]) -> list[str]:
+    """`edgellm <argv>` on this interpreter, with its flags (-I, -E, -s, -X ...) and its sys.path."""
+    flags = getattr(subprocess, "_args_from_interpreter_flags", list)()  # what multiprocessing passes on
+    safe = sys.flags.isolated or getattr(sys.flags, "safe_path", False)
+    entry = [] if safe or not sys.path else [os.path.abspath(sys.path[0])]
+    return [sys.executable, *flags, "-c", _CHILD_CODE.format(entry=entry), *argv]
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _child_setup(old_mask: set[signal.Signals], parent: int) -> Callable[[], None]:
-    """The child's preexec_fn: the parent's signal mask undone, and death when the parent dies."""
-    prctl = _load_prctl()  # resolved here, in the parent: between fork and exec the child only calls it
+def _child_setup(old_mask: set[signal.Signals], watched: set[signal.Signals]) -> Callable[[], None]:
+    """The child's first preexec step: its own process group, and the parent's signal mask undone."""
 
     def setup() -> None:
+        os.setpgid(0, 0)
+        # Sent to the parent's group before setpgid, a signal reached this child too: the parent got
+        # it as well and forwards it, so this copy is dropped (blocked since the fork, it is pending).
+        for sig in signal.sigpending() & watched:
+            signal.sigtimedwait({sig}, 0)
+        for sig in (signal.SIGTTOU, signal.SIGTTIN):  # a background group's: kept ignored across exec
+            signal.signal(sig, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != parent:  # it died before prctl ran
-                os.kill(os.getpid(), signal.SIGKILL)
 
     return setup
 
@@ -108,7 +139,8 @@ class PhaseRecorder:
 
     Called as recorder(text, point): `text` completes "the engine crashed while ..." ("loading the
     model PATH", "decoding request 3 of 10"); `point`, when given, is the native_crash.crash_point
-    name of that moment ("loading", "warm-up", "decoding:3"), for the tests that crash there.
+    name of that moment ("loading", "warm-up", "decoding:3", "closing"; "exit" is finished()'s), for
+    the tests that crash there.
     """
 
     def __init__(self, path: str):
@@ -121,6 +153,14 @@ class PhaseRecorder:
             os.pwrite(self._fd, _record(text), 0)
         if point is not None:
             crash_point(point)
+
+    def finished(self, code: int, written: str) -> None:
+        """The work is done: `written` ("OUT was written") is on disk and the command exits with `code`.
+
+        The last record: a crash after it (the engine's teardown at exit) is no crash of the run,
+        and the parent exits with `code`. Its crash point is "exit".
+        """
+        self(f"{_FINISHED}{code}: {written}", "exit")
 
 
 def child_recorder() -> PhaseRecorder | None:
@@ -156,6 +196,8 @@ def supervise(
     """
     fd, phase_path = tempfile.mkstemp(prefix="edgellm-phase-")
     watched = {*_FORWARDED, signal.SIGCHLD}
+    if signal.getsignal(signal.SIGTSTP) != signal.SIG_IGN:  # ignored (no job control): nothing to pass on
+        watched.add(signal.SIGTSTP)
     # Blocked before the child exists, so no signal slips in between; the child gets the old mask back.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     received: set[int] = set()
@@ -163,34 +205,40 @@ def supervise(
         os.pwrite(fd, _record(STARTING), 0)
         env = {**os.environ, CHILD_ENV: phase_path}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edgellm", *argv],
-            env=env,
-            preexec_fn=_child_setup(old_mask, os.getpid()),
+            _child_command(argv), env=env, preexec_fn=die_with_parent(_child_setup(old_mask, watched))
         )
         while proc.poll() is None:
             info = signal.sigtimedwait(watched, 1.0)  # the timeout is a backstop: SIGCHLD wakes it
             if info is None or info.si_signo == signal.SIGCHLD:
                 continue
-            received.add(info.si_signo)
-            # si_code <= 0: sent by a process (SI_USER, SI_QUEUE, SI_TKILL), to this process alone.
-            # > 0 (SI_KERNEL): the terminal sent it to the foreground process group, the child included.
-            if info.si_code <= 0:
+            if info.si_signo == signal.SIGTSTP:  # Ctrl-Z: the child stops, then this process, as it would
+                proc.send_signal(signal.SIGSTOP)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTSTP})
+                # Returns once this process is continued (`fg`, `bg`), or at once where the kernel does
+                # not stop it (an orphaned process group): the child goes on with it either way.
+                os.kill(os.getpid(), signal.SIGTSTP)
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTSTP})
+                proc.send_signal(signal.SIGCONT)
+            else:  # however it was sent (a process, the terminal, to this process or its group): once
+                received.add(info.si_signo)
                 proc.send_signal(info.si_signo)
         returncode = proc.returncode
         if returncode >= 0:
             return returncode
+        crash = Crash(returncode, _read_phase(fd))
         if -returncode in received:
             if discard is not None:
                 discard()
             died_of = -returncode
+        elif crash.exit_code is not None:  # after the output was written: the run's own exit code
+            _say(f"edgellm {command}: warning: {crash.describe()}; {crash.advice()}")
+            return crash.exit_code
         else:
-            crash = Crash(returncode, _read_phase(fd))
             try:
                 written = salvage(crash)
             except Exception as exc:  # the disk filled up, the input file changed: still one line
                 written = f"what finished could not be written out ({type(exc).__name__}: {exc})"
-            line = f"edgellm {command}: {crash.describe()}; {written}; {crash.advice()}"
-            print(" ".join(line.split("\n")), file=sys.stderr, flush=True)  # one line, whatever an error said
+            _say(f"edgellm {command}: {crash.describe()}; {written}; {crash.advice()}")
             return ENGINE_CRASH_EXIT
     finally:
         os.close(fd)
@@ -204,6 +252,10 @@ def supervise(
     return 128 + died_of  # the signal is ignored or blocked higher up: the shell's convention
 
 
+def _say(line: str) -> None:
+    print(" ".join(line.split("\n")), file=sys.stderr, flush=True)  # one line, whatever an error said
+
+
 def describe_requests(numbers: Sequence[int], total: int) -> str:
     """'decoding request 3 of 10', 'decoding requests 3-6 of 10', 'decoding requests 1, 4, 9 of 10'."""
     nums = sorted(set(numbers))
@@ -214,3 +266,33 @@ def describe_requests(numbers: Sequence[int], total: int) -> str:
     else:
         listed = ", ".join(map(str, nums[:6])) + (f" and {len(nums) - 6} more" if len(nums) > 6 else "")
     return f"decoding requests {listed} of {total}"
+
+
+def decoding_reporter(
+    on_phase: Callable[[str, str | None], None],
+    places: dict[str, tuple[int, str | None]],
+    total: int,
+    started: set[int],
+) -> Callable[[tuple[str, ...]], None]:
+    """The engine's on_decoding hook of a guarded command: the phase of the requests its next step decodes.
+
+    `places`: request id -> (its 1-based place in the file, a note for the phase of a request decoded
+    alone, or None): "decoding request 3 of 10 (id "r2")". `started`: the places whose crash point
+    ("decoding:N") was passed already, kept across calls: each is passed once, when the request
+    first enters the engine's steps.
+    """
+
+    def decoding(ids: tuple[str, ...]) -> None:
+        found = [places[rid] for rid in ids if rid in places]
+        if not found:
+            return
+        text = describe_requests([n for n, _ in found], total)
+        if len(found) == 1 and found[0][1]:
+            text += f" ({found[0][1]})"
+        on_phase(text, None)
+        for n, _ in found:
+            if n not in started:
+                started.add(n)
+                on_phase(text, f"decoding:{n}")
+
+    return decoding

@@ -36,6 +36,16 @@ def build_record(prefix: str = sys.prefix) -> dict[str, Any] | None:
         return None
 
 
+def installed_from() -> str:
+    """Where pip installed this venv's llama-cpp-python from (its direct_url.json); '' when unknown."""
+    from importlib import metadata
+
+    try:
+        return json.loads(metadata.distribution("llama_cpp_python").read_text("direct_url.json") or "{}").get("url", "")
+    except (metadata.PackageNotFoundError, ValueError):
+        return ""
+
+
 def cpu_model_and_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
     model, flags = platform.processor() or platform.machine(), set()
     try:
@@ -75,6 +85,11 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     host_amx = bool({"amx_int8", "amx_tile", "amx_bf16"} & flags)
     say("machine", f"{platform.machine()}, {cpu}, {os.cpu_count()} CPUs; AMX {'yes' if host_amx else 'no'}")
     record = build_record()
+    source = installed_from()
+    if record is not None and f"-{record.get('key')}/" not in source:
+        # Replaced after engine_wheel.sh installed it (a --force-reinstall, a wheel from pip's cache).
+        say("build", f"the recorded build {record.get('key')} is not what is installed (from {source or 'PyPI?'})")
+        record = None
     if record is None:
         say("build", "llama-cpp-python was not installed by tools/engine_wheel.sh: its flags are unknown")
     else:
@@ -134,8 +149,9 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     test = info.get("self_test") or {}
     say(
         "self-test",
-        f"{test.get('sequences')} sequences x {test.get('prompt_tokens')} prompt tokens decoded together, "
-        f"{test.get('new_tokens')} tokens sampled, {test.get('ms')} ms (engine up in {time.perf_counter() - t0:.1f} s)",
+        f"{test.get('sequences')} sequences x {test.get('prompt_tokens')} prompt tokens, "
+        f"{test.get('prefilled_together')} of them prefilled in one batch, {test.get('new_tokens')} tokens sampled, "
+        f"{test.get('ms')} ms (engine up in {time.perf_counter() - t0:.1f} s)",
     )
     if build_amx:
         print(f"warning: {AMX_ISSUE}; this build has them and passed here, but may crash on other prompts", file=out)

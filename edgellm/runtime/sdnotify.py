@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 
 class Notifier:
-    """Sends READY/STATUS/WATCHDOG/STOPPING when run under systemd (Type=notify); a no-op otherwise."""
+    """Sends READY/STATUS/EXTEND_TIMEOUT_USEC/WATCHDOG/STOPPING when run under systemd (Type=notify); a
+    no-op otherwise."""
 
     def __init__(self, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
@@ -51,6 +52,11 @@ class Notifier:
 
     def status(self, status: str) -> None:
         self.notify(status=status)
+
+    def extend_start(self, seconds: float, status: str) -> None:
+        """Before READY: systemd's start timeout (TimeoutStartSec) ends no sooner than `seconds` from now,
+        so an engine start that is still retrying is not killed as "start operation timed out"."""
+        self.notify(extend_timeout_usec=max(1, int(seconds * 1e6)), status=status)
 
     def stopping(self, status: str = "stopping: finishing in-flight requests") -> None:
         self._stop.set()

@@ -4,8 +4,10 @@ Start: the worker reports its phase (loading, warm-up) until READY. One that die
 before READY is started again a bounded number of times with a doubling backoff; after the last
 attempt `start()` raises and the node exits (runtime/cli.py), so systemd sees the failure and why.
 Running: alive = the OS says so AND it answered a ping recently; a hung worker is killed. When a
-READY worker dies, it is restarted (with backoff, for as long as it takes) and each in-flight
-request is sent again once; a request whose second attempt is also lost fails with a clear error.
+READY worker dies, it is restarted (with the same bound and backoff) and each in-flight request is
+sent again once; a request whose second attempt is also lost fails with a clear error. When every
+restart fails (the model file was replaced or removed after boot), the state is FAILED and
+`on_failed` says why, as a failed start does: the node then exits instead of answering 503 forever.
 Outputs are delivered through `on_output` from a reader thread, one call per engine message.
 A worker's end is always told in words (runtime/native_crash.py): signal or exit code, and phase.
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -26,14 +27,17 @@ from edgellm.compat import StrEnum
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable
 from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
-from edgellm.runtime.native_crash import CRASH_ADVICE, describe_exit
+from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, describe_exit
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first run plus one retry after a worker crash
 # A worker killed by one of these died in native code (llama.cpp, or a build bad for this CPU): the
 # message then says what to do. SIGKILL is not one (the OOM killer, or the hang watchdog).
-_NATIVE_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+_NATIVE_CRASH_SIGNALS = NATIVE_FAULT_SIGNALS
+# What an attempt may take beyond its ready timeout and the backoff after it, in what on_start_attempt is
+# told: the reaping of a worker that is killed or ends (up to 2 x 5 s), with room to spare.
+_ATTEMPT_MARGIN_S = 30.0
 
 
 def _worker_main(config: WorkerConfig, conn, api_pid: int) -> None:
@@ -100,10 +104,17 @@ class WorkerEngine:
         hang_timeout_s: float = 60.0,
         start_attempts: int = 3,
         start_backoff_s: float = 1.0,
+        on_start_attempt: Callable[[str, float], None] | None = None,
+        on_failed: Callable[[str], None] | None = None,
     ):
         self.config = config
         self.on_output = on_output
         self.on_retry = on_retry  # told when a request is sent again after a crash (the registry counts it)
+        # Told (status line, the most seconds the attempt and the wait after it can take) as each attempt
+        # to start or restart a worker begins: serve extends systemd's start timeout with it (sdnotify).
+        self.on_start_attempt = on_start_attempt
+        # Told the reason when the restarts after a crash gave up (a failed start() raises instead).
+        self.on_failed = on_failed
         self.ready_timeout_s = ready_timeout_s
         self.start_attempts = max(1, start_attempts)
         self.start_backoff_s = start_backoff_s
@@ -137,6 +148,7 @@ class WorkerEngine:
         backoff = self.start_backoff_s
         for attempt in range(1, self.start_attempts + 1):
             self.attempt = attempt
+            self._tell_attempt("starting", backoff)
             try:
                 self._spawn()  # also sends what was submitted before READY (requests recovered from the registry)
                 break
@@ -156,6 +168,19 @@ class WorkerEngine:
                 self.state, self.last_error = EngineState.FAILED, f"{type(exc).__name__}: {exc}"
                 raise
         threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
+
+    def _tell_attempt(self, verb: str, backoff_s: float) -> None:
+        """on_start_attempt for the attempt in self.attempt: 'starting the engine (attempt 2 of 3): <why
+        the last one failed>', and how long it may take before the next one begins (or start gives up)."""
+        if self.on_start_attempt is None:
+            return
+        status = f"{verb} the engine (attempt {self.attempt} of {self.start_attempts})"
+        if self.last_error:
+            status += f": {self.last_error}"
+        try:
+            self.on_start_attempt(status, self.ready_timeout_s + backoff_s + _ATTEMPT_MARGIN_S)
+        except Exception:
+            log.exception("start attempt handler failed")
 
     def _spawn(self) -> None:
         """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message).
@@ -312,10 +337,16 @@ class WorkerEngine:
     # -- requests ----------------------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
         with self._lock:
-            ready = self.state is EngineState.READY
-            entry = self._inflight[request.request_id] = _InFlight(request, sent=ready)
-            if not ready:
-                return  # sent when the (re)start completes
+            failed = self.state is EngineState.FAILED  # it passed the service's check as the last restart failed
+            if not failed:
+                ready = self.state is EngineState.READY
+                entry = self._inflight[request.request_id] = _InFlight(request, sent=ready)
+                if not ready:
+                    return  # sent when the (re)start completes
+        if failed:  # no worker will come: an answer now, not a wait until the request's timeout
+            why = f"the engine could not be restarted: {self.last_error}"
+            self.on_output([EngineOutput.failure(request.request_id, why, "engine_error")])
+            return
         if not self._send(Message(MsgKind.SUBMIT, [request])):
             with self._lock:
                 entry.sent = False  # never delivered: the next worker runs it as a first attempt
@@ -382,14 +413,18 @@ class WorkerEngine:
                 self._proc.kill()  # the reader sees EOF and restarts it
 
     def _handle_crash(self) -> None:
-        """A READY worker died: restart it, with backoff, for as long as it takes (requests meanwhile
-        queue; those in flight when a restart fails get a clear error)."""
+        """A READY worker died: start another at once, then after start_backoff_s, twice that...,
+        `start_attempts` in all (requests meanwhile queue; those in flight when a restart fails get a
+        clear error). A restart that reaches READY ends it (the next crash counts from one again);
+        after the last failed one, the state is FAILED and on_failed says why: a node whose engine
+        cannot come back (its model file was replaced or removed) must not answer 503 forever while
+        its process looks healthy."""
         proc, conn = self._proc, self._conn
         code = self._reap(proc) if proc is not None else None
-        reason = f"engine worker {describe_exit(code)} {_during(self.phase)}"
+        crash = f"engine worker {describe_exit(code)} {_during(self.phase)}"
         with self._lock:
             self.state = EngineState.RESTARTING
-            self.last_error = f"{reason}; restarting"
+            self.last_error = crash  # the state says it is restarting
             self.restarts += 1
             self._conn = None
             self._proc = None
@@ -397,23 +432,44 @@ class WorkerEngine:
             conn.close()  # else each restart leaks the old pipe's descriptor
         if proc is not None and proc.exitcode is not None:
             proc.close()  # and the dead process's sentinel
-        log.error("%s; %d request(s) in flight; restarting", reason, len(self._inflight))
-        backoff = 0.5
-        self.attempt = 0
-        while not self._stopping.is_set():
-            self.attempt += 1
+        log.error("%s; %d request(s) in flight; restarting", crash, len(self._inflight))
+        backoff = self.start_backoff_s
+        for attempt in range(1, self.start_attempts + 1):
+            self.attempt = attempt
+            self._tell_attempt("restarting", backoff)
             try:
                 self._spawn()
                 return
             except _StartFailed as exc:
                 if self._stopping.is_set():
                     return
-                self.last_error = f"{exc.reason} (restart attempt {self.attempt}); restarting"
-                log.error("engine restart failed: %s; retrying in %.1f s", exc.reason, backoff)
+                self.last_error = f"{exc.reason} (restart attempt {attempt} of {self.start_attempts})"
                 self._fail_inflight(f"engine worker could not be restarted: {exc.reason}")
+                if attempt == self.start_attempts:
+                    native = exc.native or (code is not None and -code in _NATIVE_CRASH_SIGNALS)
+                    advice = f"; {CRASH_ADVICE}" if native else ""
+                    self._give_up(f"engine failed to restart after a crash ({crash}): {self.last_error}{advice}")
+                    return
+                log.error("%s; starting it again in %.1f s", self.last_error, backoff)
                 if self._stopping.wait(backoff):
                     return
-                backoff = min(backoff * 2, 30.0)
+                backoff *= 2
+            except Exception as exc:  # a bug, not a worker's death: never "restarting" forever
+                log.exception("engine restart failed")
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self._give_up(f"engine failed to restart after a crash ({crash}): {self.last_error}")
+                return
+
+    def _give_up(self, message: str) -> None:
+        """No worker will come back: FAILED, what is still queued fails, and on_failed (serve exits 3)."""
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            self.state = EngineState.FAILED
+        self._fail_inflight(message)
+        log.error("%s", message)
+        if self.on_failed is not None:
+            self.on_failed(message)
 
     def _fail_inflight(self, why: str) -> None:
         with self._lock:
@@ -427,7 +483,7 @@ class WorkerEngine:
             alive = proc is not None and proc.pid is not None and proc.is_alive()
         except ValueError:  # closed by _handle_crash between the read and the call: it is dead
             alive = False
-        starting = self.state in (EngineState.STARTING, EngineState.FAILED)
+        starting = self.state in (EngineState.STARTING, EngineState.RESTARTING, EngineState.FAILED)
         return {
             "state": self.state.value,
             "worker_pid": self.pid,
@@ -437,6 +493,6 @@ class WorkerEngine:
             "in_flight": len(self._inflight),
             "phase": self.phase,
             "attempt": self.attempt,
-            # the bound of a start; a restart after a crash has none
+            # the bound of a start, and of the restarts after a crash
             "max_attempts": self.start_attempts if starting else None,
         }

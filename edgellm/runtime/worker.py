@@ -18,7 +18,7 @@ from edgellm.engine.projector import attach_projector
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.self_test import run_self_test
 from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
-from edgellm.runtime.native_crash import crash_point
+from edgellm.runtime.native_crash import crash_point, crash_point_from_file, stall_point
 
 log = logging.getLogger("edgellm.worker")
 
@@ -29,6 +29,14 @@ def warm_up(scheduler: Scheduler) -> tuple[float, dict]:
     init. Its outputs never leave the worker. Returns (ms, what it ran)."""
     result = run_self_test(scheduler)
     return result.ms, result.as_dict()
+
+
+def _test_hooks(phase: str) -> None:
+    """The test hooks of runtime/native_crash.py (a SIGSEGV, or a stall, at this phase); each is a no-op
+    unless a test set its variable."""
+    crash_point(phase)
+    crash_point_from_file(phase)
+    stall_point(phase)
 
 
 def run_worker(config: WorkerConfig, conn: Connection) -> None:
@@ -44,7 +52,7 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         # Each phase is told before it begins: if llama.cpp kills the process in it, the supervisor
         # still knows where (the message is in the pipe before the signal).
         conn.send(Message(MsgKind.PHASE, "loading"))
-        crash_point("loading")
+        _test_hooks("loading")
         model = LlamaModel(
             config.model,
             force_gpu_failure=config.force_gpu_failure,
@@ -61,7 +69,7 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
             model, max_waiting=config.max_waiting, projector=projector, projector_error=projector_error
         )
         conn.send(Message(MsgKind.PHASE, "warm-up"))
-        crash_point("warm-up")
+        _test_hooks("warm-up")
         warmup_ms, self_test = warm_up(scheduler)
     except Exception as exc:  # report why, then exit: the supervisor decides what to do
         log.exception("engine failed to start")

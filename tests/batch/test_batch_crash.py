@@ -52,3 +52,19 @@ def test_a_crash_while_loading_writes_nothing_and_leaves_no_journal(tmp_path, mo
     (line,) = [x for x in r.stderr.splitlines() if "SIGSEGV" in x]
     assert f"while loading the model {model_path}; no request had finished; nothing was written;" in line
     assert not out.exists() and not (tmp_path / "results.jsonl.partial").exists()
+
+
+def test_a_crash_at_exit_after_the_results_were_written_is_a_warning_and_the_run_s_exit_code(tmp_path):
+    """llama.cpp dying in its teardown at exit: OUTPUT is complete, the journal gone, the exit code the run's."""
+    src = write(tmp_path / "in.json", [good("a", "Say hi."), good("b", "Say bye.")])
+    out = tmp_path / "results.jsonl"
+    r = batch_run(str(src), "-o", str(out), "--local", "-q", **{CRASH_AT_ENV: "exit"})
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if "SIGSEGV" in x]
+    assert r.stderr.splitlines()[-1] == line
+    assert line.startswith(
+        f"edgellm batch-run: warning: the engine crashed at exit (killed by SIGSEGV (signal 11)) after {out} was "
+        "written;"
+    )
+    assert [x["id"] for x in lines(out)] == ["a", "b"] and all(x["status"] == "ok" for x in lines(out))
+    assert not (tmp_path / "results.jsonl.partial").exists()

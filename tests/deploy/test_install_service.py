@@ -106,6 +106,19 @@ def test_the_build_key_names_the_flags_and_the_cpu(tmp_path):
     )
 
 
+def test_a_cpu_without_a_flags_line_still_gets_a_key(tmp_path):
+    """riscv64 (an `isa` line), or a container without /proc/cpuinfo: the default build, a key all the same."""
+    riscv = tmp_path / "cpuinfo-riscv"
+    riscv.write_text("processor\t: 0\nisa\t\t: rv64imafdc\nmmu\t\t: sv39\ncpu MHz\t\t: 1000\n")
+    other = tmp_path / "cpuinfo-riscv-v"
+    other.write_text("processor\t: 0\nisa\t\t: rv64imafdcv\nmmu\t\t: sv39\ncpu MHz\t\t: 1500\n")
+    key = flags_key(EDGELLM_MACHINE="riscv64", EDGELLM_CPUINFO_FILE=str(riscv))
+    assert key != flags_key(EDGELLM_MACHINE="riscv64", EDGELLM_CPUINFO_FILE=str(other))
+    assert flags_key(EDGELLM_MACHINE="riscv64", EDGELLM_CPUINFO_FILE=str(tmp_path / "none"))
+    env = build_env(None, None, machine="riscv64", EDGELLM_CPUINFO_FILE=str(riscv))
+    assert env["CMAKE_ARGS"] == "" and env["DEVICE"] == "cpu"
+
+
 def test_the_override_replaces_the_chosen_flags():
     env = build_env(None, None, machine="x86_64", EDGELLM_LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON")
     assert env["CMAKE_ARGS"] == "-DGGML_NATIVE=OFF -DGGML_AVX2=ON"

@@ -52,6 +52,17 @@ def test_tiny_temperature_or_repeat_penalty_samples_a_finite_token(sampling):
         assert sample.token == 100
 
 
+def test_a_tiny_temperature_over_only_negative_allowed_logits_is_the_greedy_pick():
+    """Regression (the OpenAPI fuzzer, a json_object guide): every allowed logit negative and a temperature
+    of 1e-166 scaled them all to -inf; min_p then kept nothing and the draw raised IndexError (a 500)."""
+    row = np.full(4096, -np.inf, dtype=np.float32)  # the guide allows four tokens, all below 0
+    row[[7, 9, 300, 301]] = [-3.0, -1.5, -2.0, -8.0]
+    params = SamplingParams(
+        temperature=1.1272029035734465e-166, top_p=1.1839407345688366e-201, min_p=0.0721824890236016, top_k=31, seed=413
+    )
+    assert sample_row(row, params, 0).token == 9
+
+
 def test_ordinary_draws_are_unchanged_by_the_guard():
     params = SamplingParams(temperature=0.8, seed=7, top_p=0.9)
     row = np.random.default_rng(1).normal(0.0, 1.0, 4096).astype(np.float32)

@@ -342,16 +342,19 @@ def test_tokens_are_enforced_on_loopback_and_never_stored(ratio1_node):
 
 # -- failures: answered at once, evicted after the TTL -------------------------------------------
 def test_an_engine_failure_answers_at_once(ratio1_node):
+    """A MODEL_PATH that is not a GGUF is refused before any engine worker starts (the header check of
+    Settings.model()): every call, /health included, is answered at once with a 503 naming the file."""
     with httpx.Client(base_url=url_of(ratio1_node, "broken"), timeout=30) as c:
         deadline = time.monotonic() + 60
-        while (health := c.get("/health").json()["result"])["engine"]["state"] == "starting":
-            assert time.monotonic() < deadline
+        while "cannot be loaded" not in (health := c.get("/health")).text:
+            assert time.monotonic() < deadline, health.text
             time.sleep(0.5)
-        assert health["engine"]["state"] == "failed" and health["engine"]["last_error"]
+        assert health.status_code == 503 and "not-a-model.gguf" in health.json()["result"]["error"]
         t0 = time.monotonic()
         r = c.post("/create_chat_completion", json=chat(max_tokens=16))
         assert time.monotonic() - t0 < 5
         assert r.status_code == 503 and r.json()["result"]["error_type"] == "engine_unavailable"
+        assert "not-a-model.gguf" in r.json()["result"]["error"]
 
 
 def outbound_address() -> str | None:

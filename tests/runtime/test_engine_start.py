@@ -2,15 +2,19 @@
 then `edgellm serve` exits non-zero with the reason (systemd's Restart= and the journal see it). A model
 file that cannot be loaded stops `serve` at once, naming the file, before any worker starts.
 
-The worker crashes come from EDGELLM_TEST_CRASH_AT (runtime/native_crash.py): a real SIGSEGV of the
-worker at an exact phase, which a real llama.cpp defect cannot be made to give on demand.
+The worker crashes come from EDGELLM_TEST_CRASH_AT and EDGELLM_TEST_CRASH_FILE (runtime/native_crash.py):
+a real SIGSEGV of the worker at an exact phase, which a real llama.cpp defect cannot be made to give on
+demand; EDGELLM_TEST_STALL_AT holds a worker inside a phase.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -22,6 +26,7 @@ import pytest
 
 from tests.conftest import chat
 from tests.nodeproc import NodeProcess
+from tests.process_hygiene import alive
 
 ENGINE_START_FAILED = 3  # edgellm serve's exit code when the engine could not be started
 FAST_RETRY = {"EDGELLM_ENGINE_START_BACKOFF_S": "0.3"}
@@ -33,14 +38,6 @@ def _health(node: NodeProcess) -> tuple[int, dict] | None:
     except httpx.HTTPError:
         return None
     return r.status_code, r.json()["result"]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has ended too
-    except FileNotFoundError:
-        return True
 
 
 def _wait_exit(node: NodeProcess, timeout: float) -> int:
@@ -85,7 +82,7 @@ def test_a_worker_crashing_at_warm_up_is_retried_then_serve_exits_with_the_reaso
     for n in (1, 2):
         assert f"during warm-up (attempt {n} of 3); starting it again" in log
     assert "code None" not in log
-    assert len(pids) >= 2 and all(_gone(pid) for pid in pids), pids  # every worker reaped
+    assert len(pids) >= 2 and not any(alive(pid) for pid in pids), pids  # every worker reaped
 
 
 @pytest.mark.slow
@@ -193,8 +190,77 @@ def test_a_ready_worker_killed_by_sigsegv_is_restarted_and_the_log_says_how_it_d
 
 
 @pytest.mark.slow
+def test_a_worker_that_cannot_be_restarted_after_a_crash_ends_serve_with_the_reason(tmp_path):
+    """Every restart after a crash while serving fails (as when the model file was replaced after boot):
+    after engine_start_attempts of them serve exits 3 with the reason, instead of answering 503 forever
+    while systemd sees a healthy process. EDGELLM_TEST_CRASH_FILE (runtime/native_crash.py) arms the
+    warm-up crash once the first worker is ready."""
+    trigger = tmp_path / "crash-at"
+    notify = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.setblocking(False)
+    env = {"EDGELLM_TEST_CRASH_FILE": str(trigger), "NOTIFY_SOCKET": str(notify), **FAST_RETRY}
+    node = NodeProcess(tmp_path, env=env).start()
+    try:
+        with node.client(timeout=30) as c:
+            body = chat(max_tokens=900, temperature=0, logit_bias={"0": -100, "2": -100})
+            rid = c.post("/predict_async", json=body).json()["result"]["request_id"]
+        trigger.write_text("warm-up")  # every worker started from now on crashes in its warm-up
+        first = node.worker_pid()
+        os.kill(first, signal.SIGSEGV)
+        started, seen = time.monotonic(), []
+        while node.proc.poll() is None and time.monotonic() - started < 120:
+            answer = _health(node)
+            if answer is not None:
+                # never ready again (a 200 only from the first worker, before its death is noticed)
+                assert answer[0] == 503 or answer[1]["engine"]["worker_pid"] == first, answer
+                seen.append(answer[1]["engine"])
+            time.sleep(0.1)
+        code = _wait_exit(node, 10)
+        took = time.monotonic() - started
+        log = node.log()
+        messages = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                messages.append(dict(line.split("=", 1) for line in sock.recv(4096).decode().splitlines()))
+    finally:
+        node.stop()
+        sock.close()
+    crash = "engine worker killed by SIGSEGV (signal 11) during warm-up"
+    restarting = [e for e in seen if e["state"] == "restarting"]
+    # /health gives the restart's attempt and bound, and why the one before failed
+    assert all(e["max_attempts"] == 3 for e in restarting), restarting
+    assert any(e["attempt"] == 2 and e["last_error"] == f"{crash} (restart attempt 1 of 3)" for e in restarting), seen
+    assert any(e["attempt"] == 3 and e["last_error"] == f"{crash} (restart attempt 2 of 3)" for e in restarting), seen
+    assert code == ENGINE_START_FAILED, log
+    assert took < 90, f"{took:.0f} s"
+    final = (
+        "engine failed to restart after a crash (engine worker killed by SIGSEGV (signal 11) while serving): "
+        f"{crash} (restart attempt 3 of 3)"
+    )
+    assert f"edgellm serve: {final}" in log and "edgellm doctor" in log, log
+    # The request in flight failed with the reason, not left pending.
+    db = sqlite3.connect(tmp_path / "requests.sqlite3")
+    status, error = db.execute("SELECT status, error FROM requests WHERE request_id = ?", (rid,)).fetchone()
+    db.close()
+    assert status == "failed" and error.startswith("engine worker could not be restarted: " + crash), (status, error)
+    # systemd's STATUS follows the restarts (READY=1 was sent: no start timeout to extend any more).
+    statuses = [m["STATUS"] for m in messages if "STATUS" in m]
+    assert "restarting the engine (attempt 3 of 3): " + f"{crash} (restart attempt 2 of 3)" in statuses, messages
+    ready_at = next(i for i, m in enumerate(messages) if m.get("READY") == "1")
+    assert not any("EXTEND_TIMEOUT_USEC" in m for m in messages[ready_at:]), messages
+    assert "restarting the engine (attempt 1 of 3): engine worker killed by SIGSEGV (signal 11) while serving" in (
+        statuses
+    ), messages
+
+
+@pytest.mark.slow
 def test_a_starting_worker_dies_with_its_api_process(tmp_path):
-    node = NodeProcess(tmp_path).start(wait=False)
+    # The worker stalls inside loading (EDGELLM_TEST_STALL_AT, runtime/native_crash.py), as it does for
+    # minutes with a big model: it sends nothing more, so no broken pipe can end it; only its parent
+    # watch (supervisor._exit_with_parent, polling every 0.5 s) can.
+    node = NodeProcess(tmp_path, env={"EDGELLM_TEST_STALL_AT": "loading"}).start(wait=False)
     try:
         pid, deadline = None, time.monotonic() + 60
         while pid is None and time.monotonic() < deadline:
@@ -206,12 +272,10 @@ def test_a_starting_worker_dies_with_its_api_process(tmp_path):
         assert pid is not None, f"never saw the worker loading:\n{node.log()}"
         node.proc.kill()  # no shutdown of any kind: only the worker's own watch can end it
         node.proc.wait(10)
-        # Its watch (supervisor._exit_with_parent) polls every 0.5 s. With a model that loads for minutes
-        # it is what ends the worker; this small one would also die at its next phase message.
-        deadline = time.monotonic() + 2
-        while not _gone(pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 3
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _gone(pid), f"worker {pid} outlived its API process"
+        assert not alive(pid), f"worker {pid} outlived its API process"
     finally:
         node.stop()
 
@@ -235,7 +299,7 @@ def test_sigterm_while_the_engine_starts_stops_the_node_at_once(tmp_path):
         # uvicorn re-raises the signal once it has shut down: "killed by SIGTERM" is its clean exit
         assert code in (0, -signal.SIGTERM) and took < 10, (code, took, node.log())
         assert "Application shutdown complete" in node.log()  # the loading worker was killed, not awaited
-        assert _gone(pid)
+        assert not alive(pid)
     finally:
         node.stop()
 

@@ -77,6 +77,48 @@ def test_watchdog_pings_only_after_a_passing_check_on_a_live_loop(notify_socket,
     assert (len(pings) >= 2) if check == "ok" else (pings == [])
 
 
+def test_extend_start_message(notify_socket):
+    path, sock = notify_socket
+    Notifier({"NOTIFY_SOCKET": str(path)}).extend_start(331.5, "starting the engine (attempt 1 of 3)")
+    assert receive(sock, 0.3) == [
+        {"EXTEND_TIMEOUT_USEC": "331500000", "STATUS": "starting the engine (attempt 1 of 3)"}
+    ]
+
+
+def test_each_engine_start_attempt_extends_systemds_start_timeout_then_serve_exits_3(tmp_path, notify_socket):
+    """systemd's TimeoutStartSec (300) would kill a node whose start attempts each take up to the worker's
+    ready timeout (300 s) before serve could give its reason: each attempt extends it as it begins."""
+    path, sock = notify_socket
+    env = {
+        "NOTIFY_SOCKET": str(path),
+        "EDGELLM_TEST_CRASH_AT": "warm-up",  # runtime/native_crash.py: every worker dies by SIGSEGV there
+        "EDGELLM_ENGINE_START_ATTEMPTS": "2",
+        "EDGELLM_ENGINE_START_BACKOFF_S": "0.3",
+    }
+    node = NodeProcess(tmp_path, env=env).start(wait=False)
+    try:
+        messages: list[dict] = []
+        deadline = time.monotonic() + 120
+        while node.proc.poll() is None and time.monotonic() < deadline:
+            messages += receive(sock, 0.2)
+        code = node.stop(timeout=10)
+        messages += receive(sock, 0.3)
+        log = node.log()
+    finally:
+        node.stop(signal.SIGKILL)
+    assert code == 3, log
+    crash = "engine worker killed by SIGSEGV (signal 11) during warm-up"
+    extends = [m for m in messages if "EXTEND_TIMEOUT_USEC" in m]
+    assert [m["STATUS"] for m in extends] == [
+        "starting the engine (attempt 1 of 2)",
+        f"starting the engine (attempt 2 of 2): {crash} (attempt 1 of 2)",
+    ], messages
+    # the worker's ready timeout (300 s), the backoff after it and a margin, each time from the attempt's start
+    assert all(int(m["EXTEND_TIMEOUT_USEC"]) >= 330_000_000 for m in extends), extends
+    assert not any(m.get("READY") == "1" for m in messages), messages
+    assert f"edgellm serve: engine failed to start: {crash} (attempt 2 of 2)" in log, log
+
+
 def test_notifier_is_a_noop_without_systemd():
     n = Notifier({})
     assert not n.enabled and n.notify(ready=1) is False
@@ -88,10 +130,12 @@ def test_node_notifies_ready_after_warmup_watchdog_and_stopping(tmp_path, notify
     try:
         first: list[dict] = []
         deadline = time.monotonic() + 120
-        while not first and time.monotonic() < deadline:
-            first = receive(sock, 0.2)
-        assert first, node.log()
-        assert first[0].get("READY") == "1", first
+        while not any(m.get("READY") for m in first) and time.monotonic() < deadline:
+            first += receive(sock, 0.2)
+        # before READY=1: the start attempt's extension of systemd's start timeout, nothing else
+        assert [m.get("STATUS") for m in first[:-1]] == ["starting the engine (attempt 1 of 3)"], first
+        first = first[-1:]
+        assert first[0].get("READY") == "1", (first, node.log())
         # READY only after warm-up: the engine already answers
         assert httpx.get(node.base + "/health", timeout=5).status_code == 200
         assert "SmolLM2" in first[0]["STATUS"] and "slots" in first[0]["STATUS"]
