@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from edgellm.batch import runner
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, default_sigint
 from tests.process_hygiene import spawn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -227,7 +227,10 @@ def test_ctrl_c_then_resume_finishes_the_batch_running_nothing_twice(tmp_path):
     journal = tmp_path / "results.jsonl.partial"
     # One slot: requests finish one after another, so Ctrl-C lands between two of them.
     cmd = [sys.executable, "-m", "edgellm", "batch-run", str(src), "-o", str(out), "--local", "-q"]
-    proc = spawn(cmd, own_group=True, stderr=subprocess.PIPE, text=True, env=_env(EDGELLM_N_SLOTS="1"))
+    # SIGINT's default restored: a suite run in the background would hand the command SIGINT ignored.
+    proc = spawn(
+        cmd, own_group=True, preexec_fn=default_sigint, stderr=subprocess.PIPE, text=True, env=_env(EDGELLM_N_SLOTS="1")
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (journal.exists() and journal.read_text().strip()):
         time.sleep(0.05)
