@@ -39,8 +39,12 @@ CRASH_AT_ENV = "EDGELLM_TEST_CRASH_AT"
 def crash_point(phase: str) -> None:
     """Die by SIGSEGV here when EDGELLM_TEST_CRASH_AT names this phase (tests only; see above)."""
     if os.environ.get(CRASH_AT_ENV) == phase:
-        signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # past faulthandler, as a native crash would be
-        os.kill(os.getpid(), signal.SIGSEGV)
+        _die_by_sigsegv()
+
+
+def _die_by_sigsegv() -> None:
+    signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # past faulthandler, as a native crash would be
+    os.kill(os.getpid(), signal.SIGSEGV)
 
 
 # Two more test hooks of the same kind, for the engine worker (runtime/worker.py calls them at each
@@ -67,8 +71,7 @@ def crash_point_from_file(phase: str) -> None:
     except OSError:
         return
     if armed:
-        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGSEGV)
+        _die_by_sigsegv()
 
 
 def stall_point(phase: str) -> None:
@@ -81,16 +84,14 @@ def stall_point(phase: str) -> None:
 def describe_exit(returncode: int | None) -> str:
     """A process's end in words: 'killed by SIGSEGV (signal 11)', 'exit code 3', 'still running'.
 
-    Takes Popen.returncode / Process.exitcode (negative = the signal that killed it) or a shell's
-    128 + signal convention is not guessed at: only negative numbers are signals.
+    Takes Popen.returncode / Process.exitcode: negative is the signal that killed it. A shell's
+    128 + signal is not guessed at: a positive number is an exit code.
     """
     if returncode is None:
         return "still running"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-            return f"killed by {name}"
-        return f"killed by {name} (signal {-returncode})"
-    return f"exit code {returncode}"
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name} (signal {-returncode})"
+    except ValueError:
+        return f"killed by signal {-returncode}"

@@ -47,6 +47,17 @@ def _wait_exit(node: NodeProcess, timeout: float) -> int:
         pytest.fail(f"serve still running after {timeout} s:\n{node.log()}", pytrace=False)
 
 
+def _serve_until_exit(tmp_path: Path, *args: str, timeout: float, env: dict | None = None) -> tuple[int, str, float]:
+    """Start `edgellm serve` without waiting for health, wait for it to exit: (exit code, log, seconds)."""
+    node = NodeProcess(tmp_path, *args, env=env).start(wait=False)
+    started = time.monotonic()
+    try:
+        code = _wait_exit(node, timeout)
+        return code, node.log(), time.monotonic() - started
+    finally:
+        node.stop()
+
+
 @pytest.mark.slow
 def test_a_worker_crashing_at_warm_up_is_retried_then_serve_exits_with_the_reason(tmp_path):
     node = NodeProcess(tmp_path, env={"EDGELLM_TEST_CRASH_AT": "warm-up", **FAST_RETRY}).start(wait=False)
@@ -88,12 +99,7 @@ def test_a_worker_crashing_at_warm_up_is_retried_then_serve_exits_with_the_reaso
 @pytest.mark.slow
 def test_the_number_of_start_attempts_is_a_setting(tmp_path):
     env = {"EDGELLM_TEST_CRASH_AT": "loading", "EDGELLM_ENGINE_START_ATTEMPTS": "1"}
-    node = NodeProcess(tmp_path, env=env).start(wait=False)
-    try:
-        code = _wait_exit(node, 60)
-        log = node.log()
-    finally:
-        node.stop()
+    code, log, _ = _serve_until_exit(tmp_path, timeout=60, env=env)
     assert code == ENGINE_START_FAILED, log
     assert "engine worker killed by SIGSEGV (signal 11) during loading (attempt 1 of 1)" in log
     assert "starting it again" not in log
@@ -114,12 +120,7 @@ def _gguf_without_tensors(path: Path, arch: str) -> Path:
 @pytest.mark.slow
 def test_a_model_llama_cpp_refuses_is_retried_then_serve_exits_with_the_reason(tmp_path):
     model = _gguf_without_tensors(tmp_path / "alien.gguf", "no-such-architecture")
-    node = NodeProcess(tmp_path, "--model-path", str(model), env=FAST_RETRY).start(wait=False)
-    try:
-        code = _wait_exit(node, 90)
-        log = node.log()
-    finally:
-        node.stop()
+    code, log, _ = _serve_until_exit(tmp_path, "--model-path", str(model), timeout=90, env=FAST_RETRY)
     assert code == ENGINE_START_FAILED, log
     assert "engine worker failed during loading: EngineError: llama.cpp could not load the model" in log
     assert "(attempt 3 of 3)" in log and "edgellm doctor" not in log  # no native crash: no build advice
@@ -153,14 +154,7 @@ def test_an_unloadable_model_file_stops_serve_at_once_naming_it(tmp_path, model_
         path.touch()
     elif kind == "header-only":
         path.write_bytes(b"GGUF" + b"\0" * 64)
-    node = NodeProcess(tmp_path, "--model-path", str(path)).start(wait=False)
-    started = time.monotonic()
-    try:
-        code = _wait_exit(node, 30)
-        took = time.monotonic() - started
-        log = node.log()
-    finally:
-        node.stop()
+    code, log, took = _serve_until_exit(tmp_path, "--model-path", str(path), timeout=30)
     assert code == 2, log
     assert f"edgellm: {reason.format(path=path)}" in log
     assert took < 15, f"{took:.1f} s"  # no worker, no model load, no retries
