@@ -144,7 +144,9 @@ class WorkerEngine:
         """Spawn the worker and block until it is warm. A worker that dies, fails or hangs before READY is
         started again, up to `start_attempts` in all, after start_backoff_s, then twice that...; after
         the last, the state is FAILED and EngineUnavailable says why."""
-        self.state = EngineState.STARTING
+        # The phase with the state, so /health never shows "starting" without one (it was None until
+        # the first _spawn ran).
+        self.state, self.phase = EngineState.STARTING, "start-up"
         backoff = self.start_backoff_s
         for attempt in range(1, self.start_attempts + 1):
             self.attempt = attempt
