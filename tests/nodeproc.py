@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,17 +20,12 @@ import httpx
 import pytest
 
 from edgellm.runtime.native_crash import describe_exit
+from edgellm.runtime.ratio1_node import free_port  # noqa: F401 (the tests import it from here)
 from tests.process_hygiene import reap_group, release, spawn
 
 READY_TIMEOUT_S = 120.0  # model load and the engine's self-test on a slow 2-core machine, with margin
 
 _LIVE: set[NodeProcess] = set()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class NodeProcess:

@@ -18,6 +18,7 @@ import copy
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -137,9 +138,34 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PICKED_PORTS: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now and stays out of the kernel's ephemeral range.
+
+    Binding port 0 hands out an ephemeral port, and the same range supplies the source port of every
+    outgoing connection: a node's MQTT or HTTP client can take the port between this call and the
+    server's bind (seen in CI: 30 minutes of "port already in use"). Ports below the range are only
+    ever taken by an explicit bind. Never the same port twice in one process.
+    """
+    high = _ephemeral_low() - 1
+    low = min(20000, high - 1000)
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port not in _PICKED_PORTS and port_free(port, host):
+            _PICKED_PORTS.add(port)
+            return port
+    with socket.socket() as s:  # a crowded range: fall back to what the kernel offers
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from edgellm.runtime.ratio1_node import free_port
 from tests.process_hygiene import reap_group, spawn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,12 +41,6 @@ def _node_python() -> str:
             pytest.fail("no node venv: set EDGELLM_RATIO1_VENV or provide tools/ratio1_venv.sh")
         venv = subprocess.run([str(script)], check=True, capture_output=True, text=True).stdout.strip()
     return str(Path(venv) / "bin" / "python")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _payloads() -> list[dict]:
@@ -152,7 +146,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
 def answers(tmp_path_factory, model_path):
     python = _node_python()
     root = tmp_path_factory.mktemp("serving-node")
-    port = _free_port()
+    port = free_port()
     conf = root / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
     broker = spawn(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
