@@ -1,5 +1,5 @@
 import sys
 
-from edgellm.runtime.cli import main
+from edgellm.cli import main
 
 sys.exit(main())

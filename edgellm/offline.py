@@ -1,27 +1,27 @@
-"""The engine in-process, without a node: a list of requests in, their finished outputs out.
+"""The engine in-process, without a node: the in-process client of engine/interface.EngineClient.
 
-What `edgellm infer` and `edgellm batch-run --local` run on. The same Scheduler (continuous
-batching, guides, prefix reuse, LoRA) and the same OutputProcessor (UTF-8 assembly, stop strings)
-as the node's worker and API, driven by one loop in the caller's thread, as vLLM's offline `LLM`
-class drives its engine core.
+What `edgellm infer`, `edgellm batch-run --local`, the Ratio1 serving plugin and the engine tests run
+on. The same EngineCore (model, projector, continuous batching, guides, prefix reuse, LoRA) as the
+node's worker, and the same OutputProcessor (UTF-8 assembly, stop strings) as its API, driven by the
+core's one loop in the caller's thread, as vLLM's offline `LLM` class drives its engine core.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import islice
+from typing import Any
 
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.core import EngineCore
 from edgellm.engine.model import LlamaModel
-from edgellm.engine.projector import attach_projector
 from edgellm.engine.scheduler import Scheduler
-from edgellm.engine.slot import SlotState
-from edgellm.engine.types import EngineOutput, EngineRequest
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
 
 
 @dataclass(frozen=True)
@@ -39,22 +39,47 @@ class RunStats:
 
 
 class OfflineEngine:
-    """Owns one model and its scheduler. Not thread-safe: one caller drives it."""
+    """Owns one engine core. Not thread-safe: one caller drives it.
 
-    def __init__(self, config: ModelConfig, *, max_waiting: int = 256):
-        self.model = LlamaModel(config)
-        projector, projector_error = attach_projector(
-            config.mmproj_path,
-            config.path,
-            self.model.model,
-            n_threads=self.model.n_threads,
-            use_gpu=self.model.offload.device == "gpu",
-        )
-        self.scheduler = Scheduler(
-            self.model, max_waiting=max_waiting, projector=projector, projector_error=projector_error
-        )
+    As an EngineClient: `submit()` queues a request, `run()` drives the core until everything
+    submitted has finished, handing each engine output to `on_output` (in the caller's thread).
+    `generate()` is the list-in, outputs-out form the CLIs use.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        max_waiting: int = 256,
+        on_output: Callable[[list[EngineOutput]], None] | None = None,
+    ):
+        self._attach(EngineCore(config, max_waiting=max_waiting), on_output)
+
+    @classmethod
+    def from_core(
+        cls, core: EngineCore, *, on_output: Callable[[list[EngineOutput]], None] | None = None
+    ) -> OfflineEngine:
+        """A client over a core built already (a test's shared engine); close() closes it."""
+        engine = cls.__new__(cls)
+        engine._attach(core, on_output)
+        return engine
+
+    def _attach(self, core: EngineCore, on_output: Callable[[list[EngineOutput]], None] | None) -> None:
+        self.core = core
         self.processor = OutputProcessor()
-        self.max_waiting = max_waiting
+        self.max_waiting = core.max_waiting
+        self.on_output = on_output
+        self._pending: deque[EngineRequest] = deque()  # submitted, not yet fed to the core
+        self._in_flight: set[str] = set()
+        self._closed = False
+
+    @property
+    def model(self) -> LlamaModel:
+        return self.core.model
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
 
     def __enter__(self) -> OfflineEngine:
         return self
@@ -62,6 +87,55 @@ class OfflineEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- EngineClient ------------------------------------------------------------------------
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.core.info.as_dict()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.core.stats.as_dict()
+
+    def submit(self, request: EngineRequest) -> None:
+        self._pending.append(request)
+        self._in_flight.add(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        queued = next((r for r in self._pending if r.request_id == request_id), None)
+        if queued is None:
+            self.core.abort(request_id)
+            return
+        self._pending.remove(queued)  # never reached the core: its end is told here
+        self._emit([EngineOutput.failure(request_id, "request cancelled", None, FinishReason.ABORT)])
+
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "state": "stopped" if self._closed else "ready",
+            "worker_pid": os.getpid(),  # the engine runs in this process
+            "worker_alive": not self._closed,
+            "restarts": 0,
+            "last_error": None,
+            "in_flight": len(self._in_flight),
+            "phase": "serving",
+            "attempt": 1,
+            "max_attempts": None,
+        }
+
+    def run(self) -> None:
+        """Drive the core until every submitted request has finished."""
+        self.core.run_until_idle(self._pending, on_output=lambda out: self._emit([out]))
+
+    def _emit(self, outs: list[EngineOutput]) -> None:
+        for out in outs:
+            if out.finished:
+                self._in_flight.discard(out.request_id)
+        if self.on_output is not None:
+            self.on_output(outs)
+
+    # -- the list form -----------------------------------------------------------------------
     def generate(
         self,
         requests: Iterable[EngineRequest],
@@ -71,20 +145,16 @@ class OfflineEngine:
     ) -> tuple[list[RequestOutput], RunStats]:
         """Run every request to its end; outputs come back in the order of `requests`.
 
-        Requests are fed to the scheduler as its queue has room, so a file of 10 000 requests does
-        not hold 10 000 prompts in preparation at once. A request that fails (bad prompt, guide,
-        adapter) fails alone: its output carries the error; the others run on.
-
-        `on_decoding(ids)` is called before a step whenever the requests it decodes change (see
-        decoding()): a native crash kills the process inside llama_decode, so the crash-guarded
-        commands record which requests were in it beforehand (edgellm/runtime/crash_guard.py).
+        Requests are fed to the core as its queue has room. A request that fails (bad prompt, guide,
+        adapter) fails alone: its output carries the error; the others run on. `on_decoding(ids)`:
+        see EngineCore.run_until_idle (the crash-guarded commands, edgellm/runtime/crash_guard.py).
         """
         pending = deque(requests)
         order = [r.request_id for r in pending]
         if len(set(order)) != len(order):
             raise ValueError("request ids must be unique within one generate() call")
         finals: dict[str, RequestOutput] = {}
-        stats, t0 = self.scheduler.stats, time.perf_counter()
+        stats, t0 = self.core.scheduler.stats, time.perf_counter()
         before = (
             stats.decode_s,
             stats.prompt_tokens,
@@ -101,24 +171,12 @@ class OfflineEngine:
                 if on_finished is not None:
                     on_finished(result)
 
-        decoding: tuple[str, ...] = ()
-        while pending or self.scheduler.has_work():
-            while pending and len(self.scheduler.waiting) < self.max_waiting:
-                request = pending.popleft()
-                self.processor.add_request(request.request_id, request.sampling.stop)
-                refused = self.scheduler.add_request(request)
-                if refused is not None:
-                    deliver(refused)
-            if not self.scheduler.can_step():
-                self.scheduler.wait_prepared(0.05)
-                continue
-            if on_decoding is not None:
-                now = self.decoding()
-                if now and now != decoding:  # only on a change: steps come every few milliseconds
-                    decoding = now
-                    on_decoding(now)
-            for out in self.scheduler.step():
-                deliver(out)
+        self.core.run_until_idle(
+            pending,
+            on_output=deliver,
+            on_admit=lambda request: self.processor.add_request(request.request_id, request.sampling.stop),
+            on_decoding=on_decoding,
+        )
         run = RunStats(
             wall_s=time.perf_counter() - t0,
             decode_s=stats.decode_s - before[0],
@@ -132,15 +190,10 @@ class OfflineEngine:
         return [finals[rid] for rid in order], run
 
     def decoding(self) -> tuple[str, ...]:
-        """The request ids the next step decodes, as far as can be told before it runs: those in a slot,
-        then the prepared ones waiting that the idle slots admit (first come, first served, as
-        Scheduler._admit does; a LoRA switch or a sample of an n > 1 request can make it admit fewer)."""
-        slots = self.scheduler.slots
-        busy = [s.request_id for s in slots if s.state is not SlotState.IDLE]
-        idle = len(slots) - len(busy)
-        ready = (p.request.request_id for p in self.scheduler.waiting if p.ready and p.future.exception() is None)
-        return tuple(dict.fromkeys([*busy, *islice(ready, idle)]))
+        """The request ids the next step decodes (EngineCore.decoding)."""
+        return self.core.decoding()
 
     def close(self) -> None:
-        self.scheduler.close()
-        self.model.close()
+        if not self._closed:
+            self._closed = True
+            self.core.close()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The same engine behind two front doors: the native host (`edgellm serve`) and a real offline Ratio1
-node serving LLM_INFERENCE_API (`edgellm.runtime.ratio1_node`, as `edgellm ratio1-node`).
+node serving LLM_INFERENCE_API (`edgellm.ratio1.launcher`, as `edgellm ratio1-node`).
 
 Same machine, same run, same settings (N_SLOTS, N_CTX), same prompts, one after the other. For each:
 start-to-ready time, memory (PSS of every process of the server: node, uvicorn, engine worker; RSS
@@ -25,7 +25,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgellm.runtime.ratio1_node import NodeOptions, Ratio1Node, free_port  # noqa: E402
+from edgellm.ratio1.launcher import NodeOptions, Ratio1Node, free_port  # noqa: E402
 from tests.nodeproc import NodeProcess  # noqa: E402
 from tools.bench import PROMPTS  # noqa: E402  (the same prompts as the native benchmark)
 

@@ -1,70 +1,75 @@
-"""The request body as an OpenAPI schema, for /docs and /openapi.json.
+"""The request body as an OpenAPI schema, for /openapi.json (the node serves no /docs page: that page
+loads its JavaScript from a CDN, useless on an offline device; any OpenAPI viewer reads the document).
 
-Validation itself is `validation.parse_chat_request` (hand-written for exact error messages); a test
-checks that every bound declared here is the bound that function enforces.
+Generated from the field table (api/fields.py), so the document states the defaults and bounds that
+`validation.parse_chat_request` enforces; validation itself stays hand-written for exact error messages.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, create_model
 
-from edgellm.api.validation import MAX_MESSAGES, MAX_METADATA_BYTES, MAX_PROMPT_BYTES, MAX_SAMPLES
-
-
-class MessageBody(BaseModel):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(min_length=1, description="non-empty after trimming; valid UTF-16 (no lone surrogates)")
+from edgellm.api.fields import BODY_FIELDS, BodyField
 
 
-class GuidedDecodingBody(BaseModel):
-    json_object: bool | None = Field(None, description="true: any JSON object")
-    json_schema: dict[str, Any] | None = None
-    regex: str | None = None
-    ebnf: str | None = Field(None, description="a Lark or GBNF grammar")
-    choice: list[str] | None = None
+def _field(f: BodyField) -> tuple[Any, Any]:
+    bounds: dict[str, Any] = {}
+    if f.lo is not None:
+        bounds["gt" if f.low_open else "ge"] = f.lo
+    if f.hi is not None:
+        bounds["le"] = f.hi
+    default = {"default_factory": f.factory} if f.factory is not None else {"default": f.default}
+    if f.name == "messages":
+        default = {}  # required
+    return f.annotation, Field(**default, description=f.description, **bounds, **f.schema)
 
 
-class ChatRequestBody(BaseModel):
-    """Exactly one of guided_decoding's modes; response_format and guided_decoding are exclusive."""
+# In the document for readers, and sent as they are by schemathesis's explicit phase (tests/runtime/
+# test_fuzz_openapi.py): a content-part array and a structural tag reach the node on every fuzz run.
+EXAMPLES = [
+    {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 32},
+    {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in this picture?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                ],
+            }
+        ],
+        "max_tokens": 32,
+    },
+    {
+        "messages": [{"role": "user", "content": "What is the weather in Paris? Call the tool."}],
+        "guided_decoding": {
+            "structural_tag": {
+                "triggers": ["<function="],
+                "structures": [
+                    {
+                        "begin": "<function=get_weather>",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"city": {"type": "string"}},
+                            "required": ["city"],
+                        },
+                        "end": "</function>",
+                    }
+                ],
+            }
+        },
+        "max_tokens": 32,
+    },
+]
 
-    model_config = ConfigDict(title="ChatRequest", extra="forbid")
-
-    messages: list[MessageBody] = Field(
-        min_length=1,
-        max_length=MAX_MESSAGES,
-        description=f"at most {MAX_MESSAGES} messages (default limit) and {MAX_PROMPT_BYTES} bytes of content "
-        "(UTF-8, summed)",
-    )
-    temperature: float = Field(0.7, ge=0.0, le=1.5, description="0 = greedy")
-    max_tokens: int = Field(512, ge=16, le=4096)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, le=100_000, description="0 = off")
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    seed: int | None = Field(None, ge=-1, le=2**64 - 1, description="null or -1 = random (recorded)")
-    stop: str | list[str] | None = Field(None, description="at most 16; excluded from the text")
-    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100], <= 1024")
-    num_logprobs: int = Field(0, ge=0, le=50)
-    disable_spec_decode: bool = Field(False, description="no speculative drafts (the output is the same)")
-    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="samples of the prompt (one prefill); sample i uses seed + i")
-    response_format: dict[str, Any] | str | None = Field(
-        None, description="json_object (optional schema) or json_schema (json_schema.schema or schema)"
-    )
-    guided_decoding: GuidedDecodingBody | None = None
-    metadata: dict[str, Any] = Field(
-        default_factory=dict,
-        description=f"returned by return_full only; JSON without NaN/Infinity, at most {MAX_METADATA_BYTES} bytes",
-    )
-    authorization: str | None = Field(None, description='"Bearer <t>" or "<t>"')
-    extras: dict[str, Any] | None = Field(None, description="sampling fields, merged in and validated alike")
-    request_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,256}$")
-    REQUEST_ID: str | None = Field(None, description="alias of request_id")
-    timeout: float = Field(600.0, gt=0.0, le=3600.0, description="seconds")
-    model: str | None = Field(None, description="accepted and ignored on these endpoints")
+ChatRequestBody = create_model(
+    "ChatRequestBody",
+    __config__=ConfigDict(title="ChatRequest", extra="forbid", json_schema_extra={"examples": EXAMPLES}),
+    __doc__="Exactly one of guided_decoding's modes; response_format and guided_decoding are exclusive.",
+    **{f.name: _field(f) for f in BODY_FIELDS if f.documented},
+)
 
 
 def openapi_components() -> dict[str, Any]:

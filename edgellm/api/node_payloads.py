@@ -14,7 +14,8 @@ guided decoding across the drain), and each gets its answer in input order:
 
 A failure carries no text, so upstream's API plugin (which accepts an invalid answer if it has
 text) never mistakes it for a completion; `answer_outcome()` turns either shape back into what the
-registry stores. Nothing here imports naeural_core or llama.cpp: the Scheduler is passed in.
+registry stores. Nothing here imports naeural_core or llama.cpp: the EngineCore is passed in, and
+its one loop (`EngineCore.run_until_idle`) runs the drain.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from edgellm.media.loading import load_content
 from edgellm.media.types import MediaCaps
 
 if TYPE_CHECKING:
-    from edgellm.engine.scheduler import Scheduler
+    from edgellm.engine.core import EngineCore
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def fail_all(payloads: list[Any], model_name: str, error: EdgeLLMError) -> list[
 
 # -- the drain -------------------------------------------------------------------------------
 def run_payloads(
-    scheduler: Scheduler,
+    engine: EngineCore,
     processor: OutputProcessor,
     payloads: list[Any],
     *,
@@ -201,31 +201,31 @@ def run_payloads(
     poll_s: float = 0.05,
 ) -> list[dict[str, Any]]:
     """Answer every payload of one drain, in input order: invalid ones at once, the valid ones
-    generated together on `scheduler` (fed as its queue has room) until all are finished.
+    generated together on `engine` (fed as its queue has room) until all are finished.
 
     Never raises for a payload's fault. If the engine itself fails mid-run, every payload not yet
-    answered gets an engine_error answer and the scheduler is cleared of this drain's requests
+    answered gets an engine_error answer and the engine is cleared of this drain's requests
     (`reset_after_failure`), so no caller is left waiting.
     """
-    model_name = model_name or getattr(scheduler.model, "name", "edgellm")
+    model_name = model_name or getattr(engine.model, "name", "edgellm")
     limits = {**SERVING_LIMITS, **(limits or {})}
     answers: list[dict[str, Any] | None] = [None] * len(payloads)
-    jobs = _jobs(scheduler, payloads, answers, model_name, limits, request_types)
+    jobs = _jobs(engine, payloads, answers, model_name, limits, request_types)
     by_engine_id = {job.engine_id: job for job in jobs}
     try:
-        _generate(scheduler, processor, deque(jobs), by_engine_id, answers, model_name, poll_s)
+        _generate(engine, processor, jobs, by_engine_id, answers, model_name, poll_s)
     except Exception as exc:
         log.exception("the engine failed while running %d request(s)", len(jobs))
         error = EngineError(f"the serving failed while generating: {type(exc).__name__}: {exc}"[:500])
         for job in jobs:
             if answers[job.index] is None:
                 answers[job.index] = failure_answer(job.request_id, model_name, error)
-        reset_after_failure(scheduler, processor, list(by_engine_id))
+        reset_after_failure(engine, processor, list(by_engine_id))
     return [a if a is not None else failure_answer(None, model_name, EngineError("no answer")) for a in answers]
 
 
 def _jobs(
-    scheduler: Scheduler,
+    engine: EngineCore,
     payloads: list[Any],
     answers: list[dict[str, Any] | None],
     model_name: str,
@@ -235,7 +235,7 @@ def _jobs(
     """Validate each payload; invalid ones are answered in place, the valid ones become jobs."""
     jobs: list[_Job] = []
     seen: set[str] = set()
-    n_vocab = getattr(scheduler.model, "n_vocab", None)
+    n_vocab = getattr(engine.model, "n_vocab", None)
     drain = secrets.token_hex(4)
     for i, payload in enumerate(payloads):
         rid = payload_request_id(payload)
@@ -250,7 +250,7 @@ def _jobs(
                 raise InvalidRequest(f"REQUEST_ID {rid!r} appears twice in one batch", param="request_id")
             check_vocabulary(request, n_vocab)
             if request.has_media:  # data: URLs only here (a Ratio1 payload names no local folders)
-                caps = MediaCaps.from_dict(scheduler.media_caps()) if hasattr(scheduler, "media_caps") else None
+                caps = MediaCaps.from_dict(engine.info.media)
                 request.with_media(*load_content(request.messages, caps, MediaSources(), MediaLimits()))
         except EdgeLLMError as exc:
             answers[i] = failure_answer(rid, model_name, exc)
@@ -267,53 +267,38 @@ def _engine_request(engine_id: str, request: ChatRequest) -> EngineRequest:
 
 
 def _generate(
-    scheduler: Scheduler,
+    engine: EngineCore,
     processor: OutputProcessor,
-    queue: deque[_Job],
+    jobs: list[_Job],
     by_engine_id: dict[str, _Job],
     answers: list[dict[str, Any] | None],
     model_name: str,
     poll_s: float,
 ) -> None:
-    pending = len(queue)
-
     def finish(out: EngineOutput) -> None:
-        nonlocal pending
         job = by_engine_id.get(out.request_id)
         done = processor.process(out)
         if job is None or not out.finished or answers[job.index] is not None:
             return  # not this drain's (a leftover of an earlier failure) or a stream delta
         answers[job.index] = _final_answer(job.request_id, model_name, done)
-        pending -= 1
 
-    while pending:
-        # Feed the scheduler as its queue has room: a drain may hold more requests (upstream's
-        # loopback queue keeps 128) than the scheduler lets wait.
-        while queue and scheduler.load()["waiting"] < scheduler.max_waiting:
-            job = queue.popleft()
-            processor.add_request(job.engine_id, job.request.sampling.stop)
-            rejected = scheduler.add_request(job.request)
-            if rejected is not None:
-                finish(rejected)
-        if not scheduler.can_step():
-            scheduler.wait_prepared(poll_s)
-        for out in scheduler.step():
-            finish(out)
+    # Fed as the engine's queue has room: a drain may hold more requests (upstream's loopback queue
+    # keeps 128) than the scheduler lets wait.
+    engine.run_until_idle(
+        [job.request for job in jobs],
+        on_output=finish,
+        on_admit=lambda request: processor.add_request(request.request_id, request.sampling.stop),
+        poll_s=poll_s,
+    )
 
 
-def reset_after_failure(scheduler: Scheduler, processor: OutputProcessor, engine_ids: list[str]) -> bool:
-    """Abort `engine_ids` and step until the scheduler is empty; False if it cannot be (rebuild it)."""
+def reset_after_failure(engine: EngineCore, processor: OutputProcessor, engine_ids: list[str]) -> bool:
+    """Abort `engine_ids` and step until the engine is empty; False if it cannot be (rebuild it)."""
     for engine_id in engine_ids:
-        scheduler.abort(engine_id)
+        engine.abort(engine_id)
     try:
-        for _ in range(1000):
-            if not scheduler.has_work():
-                break
-            if not scheduler.can_step():
-                scheduler.wait_prepared(0.05)
-            for out in scheduler.step():
-                processor.process(out)
+        engine.run_until_idle(on_output=processor.process, max_rounds=1000)
     except Exception:
-        log.exception("the scheduler could not be cleared after a failure")
+        log.exception("the engine could not be cleared after a failure")
         return False
-    return not scheduler.has_work()
+    return not engine.has_work()

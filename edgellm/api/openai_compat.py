@@ -10,14 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.api.validation import (
-    MAX_MESSAGES,
-    MAX_PROMPT_BYTES,
-    ChatRequest,
-    parse_chat_request,
-    show,
-    show_name,
-)
+from edgellm.api.chat_request import ChatRequest
+from edgellm.api.display import show, show_name
+from edgellm.api.fields import MAX_MESSAGES, MAX_PROMPT_BYTES, OPENAI_PASSTHROUGH
+from edgellm.api.validation import parse_chat_request
 from edgellm.errors import EdgeLLMError, InvalidRequest, UnknownRequest
 
 # Accepted and ignored: they change nothing about generation on a local node.
@@ -38,29 +34,19 @@ UNSUPPORTED_FIELDS = frozenset(
         "echo",
     }
 )
+# The body fields this route reads: the table's pass-through ones (api/fields.py) and those it translates.
 MAPPED_FIELDS = frozenset(
     {
+        *OPENAI_PASSTHROUGH,
         "model",
         "messages",
-        "n",
-        "temperature",
-        "top_p",
         "max_tokens",
         "max_completion_tokens",
-        "stop",
-        "seed",
-        "logit_bias",
         "logprobs",
         "top_logprobs",
         "response_format",
-        "guided_decoding",  # edgellm (vLLM-style) extra: regex, choice, ebnf grammar, json_schema
-        "presence_penalty",
-        "frequency_penalty",
+        "guided_decoding",  # edgellm (vLLM-style) extra: regex, choice, ebnf grammar, json_schema, structural_tag
         "stream",
-        "top_k",
-        "min_p",
-        "repeat_penalty",
-        "timeout",
     }
 )
 ERROR_TYPES = {
@@ -128,24 +114,7 @@ def parse_openai_request(
         raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {show(top)}", param="top_logprobs")
     if top and not logprobs:
         raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
-    seed_body: dict[str, Any] = {
-        k: body[k]
-        for k in (
-            "temperature",
-            "top_p",
-            "stop",
-            "seed",
-            "logit_bias",
-            "presence_penalty",
-            "frequency_penalty",
-            "top_k",
-            "min_p",
-            "repeat_penalty",
-            "timeout",
-            "n",
-        )
-        if k in body
-    }
+    seed_body: dict[str, Any] = {k: body[k] for k in OPENAI_PASSTHROUGH if k in body}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         seed_body["max_tokens"] = max_tokens

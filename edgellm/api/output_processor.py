@@ -12,7 +12,9 @@ import codecs
 import dataclasses
 from dataclasses import dataclass, field
 
+from edgellm.api.request_state import RequestState, RequestTable
 from edgellm.engine.types import EngineOutput, FinishReason, StopCause, TokenLogprob
+from edgellm.errors import ErrorType
 
 
 @dataclass
@@ -29,7 +31,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
-    error_type: str | None = None
+    error_type: ErrorType | None = None
     timings: dict[str, float] = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_cause: StopCause | None = None  # with FinishReason.STOP: end-of-sequence, stop string or grammar
@@ -40,7 +42,9 @@ class RequestOutput:
     choices: list[RequestOutput] | None = None
 
 
-class _TextState:
+class TextState:
+    """One sample's text: incremental UTF-8, the earliest stop string, what a stream was sent."""
+
     def __init__(self, stop: list[str]):
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
@@ -92,36 +96,37 @@ class _TextState:
 
 
 class OutputProcessor:
-    """Per-sample text state, keyed by request id and sample index; created at dispatch, dropped at
-    the request's final output."""
+    """Engine outputs -> RequestOutputs. Each request's text state lives in its RequestState (one per
+    request in `requests`, the service's table; a processor of its own, e.g. the offline engine's,
+    makes one): created at dispatch, its text dropped at the request's final output."""
 
-    def __init__(self) -> None:
-        self._states: dict[str, dict[int, _TextState]] = {}
-        self._stops: dict[str, list[str]] = {}
+    def __init__(self, requests: RequestTable | None = None) -> None:
+        self.requests = requests if requests is not None else RequestTable()
 
     def add_request(self, request_id: str, stop: list[str]) -> None:
-        self._stops[request_id] = list(stop)
-        self._states[request_id] = {}
+        state = self.requests.open(request_id)
+        state.stop, state.texts, state.assembling = list(stop), {}, True
 
-    def _state(self, request_id: str, index: int) -> _TextState:
-        states = self._states.setdefault(request_id, {})
-        if index not in states:
-            states[index] = _TextState(self._stops.get(request_id, []))
-        return states[index]
+    def _state(self, state: RequestState, index: int) -> TextState:
+        if index not in state.texts:
+            state.texts[index] = TextState(state.stop)
+        return state.texts[index]
 
     def process(self, out: EngineOutput) -> RequestOutput:
+        state = self.requests.open(out.request_id)
+        state.assembling = True  # an output without add_request (a test's) is assembled all the same
         if out.choices is None:
-            result = self._state(out.request_id, out.index).add(out)
+            result = self._state(state, out.index).add(out)
         else:
-            result = self._samples(out)
+            result = self._samples(state, out)
         if out.finished:
-            self._states.pop(out.request_id, None)
-            self._stops.pop(out.request_id, None)
+            state.texts, state.stop, state.assembling = {}, [], False
+            self.requests.settle(out.request_id)
         return result
 
-    def _samples(self, out: EngineOutput) -> RequestOutput:
+    def _samples(self, state: RequestState, out: EngineOutput) -> RequestOutput:
         """The final output of an n > 1 request: each sample's own, plus the request's view."""
-        choices = [self._state(out.request_id, c.index).add(c) for c in out.choices]
+        choices = [self._state(state, c.index).add(c) for c in out.choices]
         head = choices[0]
         failed = out.error is not None or out.finish_reason in (FinishReason.TIMEOUT, FinishReason.ABORT)
         return dataclasses.replace(
@@ -140,4 +145,4 @@ class OutputProcessor:
 
     def __len__(self) -> int:
         """Requests still being assembled (the Ratio1 drain checks that none is left behind)."""
-        return len(self._states)
+        return self.requests.assembling()

@@ -1,10 +1,13 @@
-"""The request registry: one SQLite file (WAL) under the state dir, the node's book of record.
+"""The request registry: one SQLite file (WAL) under the state dir, the node's durable record.
 
 Every accepted request is written here (synchronous=FULL) before it is acknowledged, so a crash or
-power loss after the 200/202 never loses it. Each row carries the boot id of the node process that
-accepted it: after a restart, the rows of earlier boots still pending are exactly the work to
-recover. Finished records are kept `ttl_s` seconds, then evicted by `evict_expired()`; nothing is
-cached in memory, so memory stays flat. One node per registry: the file is locked while open.
+power loss after the 200/202 never loses it. Rows are keyed by the request's key
+(api/request_state.request_key: a caller's own id is unique for its owner only; `error_type` is read
+back as an ErrorType, a string this version does not know as engine_error). Each row carries the
+boot id of the node process that accepted it: after a restart, the rows of earlier boots still
+pending are exactly the work to recover. Finished records are kept `ttl_s` seconds, then evicted
+by `evict_expired()`; nothing is cached in memory, so memory stays flat. One node per registry:
+the file is locked while open.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgellm.api.request_state import public_id
 from edgellm.compat import StrEnum
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import EdgeLLMError, ErrorType
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +68,18 @@ class RegistryError(EdgeLLMError):
     """The registry cannot be read or written: the node cannot take work it could not keep."""
 
     http_status = 503
-    error_type = "registry_error"
+    error_type = ErrorType.REGISTRY_ERROR
 
 
 class RegistryFull(RegistryError):
     """The disk (or SQLite's size limit) is full: new work is refused until space is freed."""
 
     http_status = 507
-    error_type = "insufficient_storage"
+    error_type = ErrorType.INSUFFICIENT_STORAGE
 
 
 class RegistryLocked(RegistryError):
-    error_type = "registry_locked"
+    error_type = ErrorType.REGISTRY_LOCKED
 
 
 _U64 = 2**64
@@ -99,7 +103,7 @@ class RequestRecord:
     seed: int
     result: dict[str, Any] | None
     error: str | None
-    error_type: str | None
+    error_type: ErrorType | None
     attempts: int
     created_at: float
     finished_at: float | None
@@ -117,7 +121,7 @@ class RequestRecord:
             seed=_seed_from_db(row["seed"]),
             result=json.loads(row["result"]) if row["result"] else None,
             error=row["error"],
-            error_type=row["error_type"],
+            error_type=ErrorType.of(row["error_type"]),  # a type this version does not know: engine_error
             attempts=row["attempts"],
             created_at=row["created_at"],
             finished_at=row["finished_at"],
@@ -223,11 +227,11 @@ class Registry:
         status: RequestStatus,
         result: dict | None,
         error: str | None,
-        error_type: str | None = None,
+        error_type: ErrorType | None = None,
     ) -> None:
         self.finish_many([(request_id, status, result, error, error_type)])
 
-    def finish_many(self, rows: list[tuple[str, RequestStatus, dict | None, str | None, str | None]]) -> None:
+    def finish_many(self, rows: list[tuple[str, RequestStatus, dict | None, str | None, ErrorType | None]]) -> None:
         """Finish several requests in one transaction: one fsync per engine message, not per request."""
         now = time.time()
         args = [
@@ -294,7 +298,8 @@ class Registry:
             "json_extract(result, '$.FULL_OUTPUT[0].choices[0].finish_reason') AS finish_reason "
             f"FROM requests WHERE {' AND '.join(where)} ORDER BY created_at DESC LIMIT ?"
         )
-        return [dict(r) for r in self._rows(sql, (*args, limit))]
+        # The id as its caller knows it, not the owner-scoped key (the owner is the caller's own hash).
+        return [{**dict(r), "request_id": public_id(r["request_id"])} for r in self._rows(sql, (*args, limit))]
 
     def counts(self) -> dict[str, int]:
         rows = self._rows("SELECT status, COUNT(*) AS n FROM requests GROUP BY status")

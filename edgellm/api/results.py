@@ -3,11 +3,47 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.output_processor import RequestOutput
 from edgellm.api.registry import RequestStatus
 from edgellm.engine.types import FinishReason
+from edgellm.errors import ErrorType, WaitTimeout, error_from
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a request ended, as delivered by the engine (or a Ratio1 answer): what is stored and answered."""
+
+    request_id: str
+    status: RequestStatus
+    result: dict[str, Any] | None
+    error: str | None
+    error_type: ErrorType | None
+
+    def __post_init__(self) -> None:
+        # Types arriving as strings (a Ratio1 answer, an older peer) become members; unknown ones engine_error.
+        object.__setattr__(self, "error_type", ErrorType.of(self.error_type))
+
+    def result_or_raise(self, shown_id: str | None = None) -> dict[str, Any]:
+        """The result, or the error its type's class decides (errors.error_class); `shown_id`: the
+        request id the caller knows, when it is not the key the request ran under."""
+        rid = shown_id or self.request_id
+        if self.status is RequestStatus.COMPLETED:
+            return self.result
+        if self.status is RequestStatus.TIMEOUT:
+            raise WaitTimeout(f"request {rid} timed out: {self.error}", request_id=rid)
+        raise error_from(self.error_type, self.error or "request failed", request_id=rid)
+
+
+def outcome_of(out: RequestOutput, model_name: str, shown_id: str | None = None) -> Outcome:
+    """How a final engine output ends its request: the stored result (seed 003 shape) or the error.
+    `shown_id`: the id the result names, when the request ran under another key."""
+    status, error, error_type = status_of(out)
+    completed = status is RequestStatus.COMPLETED
+    result = build_result(shown_id or out.request_id, model_name, out) if completed else None
+    return Outcome(out.request_id, status, result, error, error_type)
 
 
 def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[str, Any]:
@@ -54,12 +90,12 @@ def usage_of(out: RequestOutput) -> dict[str, Any]:
     }
 
 
-def status_of(out: RequestOutput) -> tuple[RequestStatus, str | None, str | None]:
+def status_of(out: RequestOutput) -> tuple[RequestStatus, str | None, ErrorType | None]:
     """(status, error, error_type) for a final engine output."""
     if out.finish_reason is FinishReason.TIMEOUT:
-        return RequestStatus.TIMEOUT, "request timed out before it finished", "timeout"
+        return RequestStatus.TIMEOUT, "request timed out before it finished", ErrorType.TIMEOUT
     if out.finish_reason is FinishReason.ABORT:
-        return RequestStatus.FAILED, out.error or "request cancelled", "cancelled"
+        return RequestStatus.FAILED, out.error or "request cancelled", ErrorType.CANCELLED
     if out.error is not None:
-        return RequestStatus.FAILED, out.error, out.error_type or "engine_error"
+        return RequestStatus.FAILED, out.error, ErrorType.of(out.error_type) or ErrorType.ENGINE_ERROR
     return RequestStatus.COMPLETED, None, None

@@ -2,7 +2,9 @@
 
 It validates, authenticates and registers each request (SQLite first, then the engine), and turns
 engine outputs into stored results. It is framework-agnostic: FastAPI and the naeural plugin both
-call it and map `EdgeLLMError` to a response with one function.
+call it and map `EdgeLLMError` to a response with one function. A request's live state (text
+assembly, waiter or stream, an outcome not yet stored, its delivery) is its RequestState in
+`self.requests` (api/request_state.py); the registry is its durable record.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from edgellm.api.auth import Authenticator
@@ -23,44 +23,43 @@ from edgellm.api.metrics import ServiceMetrics, live_state
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.api.registry import Registry, RegistryFull, RequestRecord, RequestStatus
-from edgellm.api.results import build_result, status_of
-from edgellm.api.validation import (
-    MAX_COMPLETION_TOKENS,
-    MAX_MESSAGES,
-    MAX_PROMPT_BYTES,
-    MIN_COMPLETION_TOKENS,
-    TEMPERATURE_MAX,
-    TEMPERATURE_MIN,
-    ChatRequest,
-    parse_chat_request,
+from edgellm.api.request_state import RequestTable, public_id, request_key
+from edgellm.api.results import Outcome, outcome_of
+from edgellm.api.submission import (
+    ServiceConfig,
+    check_vocabulary,
+    engine_request,
+    load_media,
+    parse_openai_now,
 )
+from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.interface import EngineClient
-from edgellm.engine.types import EngineOutput, EngineRequest
+from edgellm.engine.types import EngineOutput
 from edgellm.errors import (
-    ContextLengthExceeded,
     EdgeLLMError,
-    EngineError,
     EngineUnavailable,
-    GenerationFailed,
+    ErrorType,
     InvalidRequest,
     QueueFull,
     UnknownRequest,
     WaitTimeout,
 )
-from edgellm.media.limits import MediaLimits, MediaSources
-from edgellm.media.loading import load_content
 from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
 
-_ERROR_CLASSES: dict[str, type[EdgeLLMError]] = {
-    "invalid_request": InvalidRequest,
-    "invalid_guide": InvalidRequest,
-    "context_length_exceeded": ContextLengthExceeded,
-    "rate_limited": QueueFull,
-    "generation_failed": GenerationFailed,
-}
+# Re-exported: adapters and `batch-run --local` import them from here (submission.py holds them).
+__all__ = [
+    "Outcome",
+    "Service",
+    "ServiceConfig",
+    "check_vocabulary",
+    "engine_request",
+    "load_media",
+    "outcome_of",
+    "parse_openai_now",
+]
 
 
 class BoardSource(Protocol):
@@ -69,122 +68,16 @@ class BoardSource(Protocol):
     def samples(self) -> list[tuple[str, str, dict[str, str], float]]: ...
 
 
-@dataclass(frozen=True)
-class ServiceConfig:
-    model_name: str
-    default_timeout_s: float = 600.0
-    max_timeout_s: float = 3600.0
-    max_queued: int = 64
-    max_messages: int = MAX_MESSAGES
-    max_prompt_bytes: int = MAX_PROMPT_BYTES
-    temperature_min: float = TEMPERATURE_MIN
-    temperature_max: float = TEMPERATURE_MAX
-    min_completion_tokens: int = MIN_COMPLETION_TOKENS  # the seed endpoints' floor; OpenAI's is 1
-    max_completion_tokens: int = MAX_COMPLETION_TOKENS
-    media_sources: MediaSources = MediaSources()  # where image/audio references may point
-    media_limits: MediaLimits = MediaLimits()
-
-    def limits(self) -> dict[str, Any]:
-        """The keyword arguments of parse_chat_request / parse_openai_request for this node."""
-        return {
-            "default_timeout": self.default_timeout_s,
-            "max_timeout": self.max_timeout_s,
-            "max_messages": self.max_messages,
-            "max_prompt_bytes": self.max_prompt_bytes,
-            "min_temperature": self.temperature_min,
-            "max_temperature": self.temperature_max,
-            "min_max_tokens": self.min_completion_tokens,
-            "max_max_tokens": self.max_completion_tokens,
-        }
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a request ended, as delivered by the engine or read back from the registry."""
-
-    request_id: str
-    status: RequestStatus
-    result: dict[str, Any] | None
-    error: str | None
-    error_type: str | None
-
-    @classmethod
-    def of_record(cls, rec: RequestRecord) -> Outcome:
-        return cls(rec.request_id, rec.status, rec.result, rec.error, rec.error_type)
-
-    def result_or_raise(self) -> dict[str, Any]:
-        if self.status is RequestStatus.COMPLETED:
-            return self.result
-        if self.status is RequestStatus.TIMEOUT:
-            raise WaitTimeout(f"request {self.request_id} timed out: {self.error}", request_id=self.request_id)
-        cls = _ERROR_CLASSES.get(self.error_type or "", EngineError)
-        raise cls(self.error or "request failed", request_id=self.request_id)
-
-
-def outcome_of(out: RequestOutput, model_name: str) -> Outcome:
-    """How a final engine output ends its request: the stored result (seed 003 shape) or the error."""
-    status, error, error_type = status_of(out)
-    result = build_result(out.request_id, model_name, out) if status is RequestStatus.COMPLETED else None
-    return Outcome(out.request_id, status, result, error, error_type)
-
-
-def check_vocabulary(request: ChatRequest, n_vocab: int | None) -> None:
-    """logit_bias token ids must be in the model's vocabulary (when it is known): a 400, not a failure mid-run."""
-    if n_vocab and request.logit_bias:
-        bad = [t for t in request.logit_bias if t >= n_vocab]
-        if bad:
-            raise InvalidRequest(
-                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
-            )
-
-
-def parse_openai_now(body: Any, config: ServiceConfig, n_vocab: int | None) -> tuple[ChatRequest, OpenAIOptions]:
-    """`Service.parse_openai` without a service or an event loop (`edgellm batch-run --local`): the same
-    rules in the same order (body, then the guide compiles, then the vocabulary), the same errors."""
-    request, opts = parse_openai_request(body, config.model_name, **config.limits())
-    if request.guide is not None:
-        grammar_for(request.guide)
-    check_vocabulary(request, n_vocab)
-    return request, opts
-
-
-def load_media(request: ChatRequest, config: ServiceConfig, caps: MediaCaps | None) -> ChatRequest:
-    """Fetch and decode the request's images/audio (blocking I/O and decoding: run it off the event loop).
-    Raises MediaError (400/413) for anything wrong with them."""
-    if request.has_media:
-        messages, media = load_content(request.messages, caps, config.media_sources, config.media_limits)
-        request.with_media(messages, media)
-    return request
-
-
-def engine_request(
-    request_id: str, request: ChatRequest, seed: int, *, created_at: float, stream: bool = False
-) -> EngineRequest:
-    """What the engine is sent for a validated request; its deadline counts from `created_at`."""
-    messages, media = request.engine_messages()
-    return EngineRequest(
-        request_id=request_id,
-        messages=messages,
-        media=media,
-        sampling=request.sampling(seed),
-        guide=request.guide,
-        deadline=created_at + request.timeout,
-        stream=stream,
-        speculative=not request.disable_spec_decode,
-        cut_structure_ok=request.cut_structure_ok,
-        n=request.n,
-    )
-
-
 FINISH_WRITE_RETRIES = (0.05, 0.2, 0.5)  # seconds between attempts to store a result
 
 
 class Service:
     """Registers, dispatches and answers requests.
 
-    What is in flight has one book of record: the registry says what is pending (and, by boot id,
-    what a restart must recover), the engine client (supervisor) owns delivery and retries, and the
-    service keeps only the waiters of this process's callers.
+    Two places hold a request, each for its own purpose: the registry is the durable record (what is
+    pending, by boot id what a restart must recover, how each request ended), and `self.requests`
+    holds one RequestState per live request of this process, which the service, the output processor
+    and the engine client (its deliveries and retries) all read.
     """
 
     def __init__(self, config: ServiceConfig, registry: Registry, auth: Authenticator):
@@ -193,12 +86,9 @@ class Service:
         self.auth = auth
         self.engine: EngineClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: dict[str, asyncio.Future[Outcome]] = {}
-        self._streams: dict[str, asyncio.Queue] = {}
-        self._registering = 0  # accepted, being written to the registry, not yet with the engine
-        self._unsaved: dict[str, Outcome] = {}  # finished, but the registry could not be written
-        self.outputs = OutputProcessor()  # engine byte deltas -> text, stop strings, stream deltas
-        self._lock = threading.Lock()
+        self.requests = RequestTable()  # one RequestState per live request of this process
+        self.requests.on_retry = registry.bump_attempts  # a delivery's attempts, kept durably
+        self.outputs = OutputProcessor(self.requests)  # engine byte deltas -> text, stop strings, stream deltas
         self.started_at = time.time()
         self.draining = False  # set on shutdown: no new work, in-flight work finishes or stays pending
         # Prometheus counters and histograms in a registry of this service's own (api/metrics.py);
@@ -233,7 +123,7 @@ class Service:
                     RequestStatus.FAILED,
                     None,
                     "the node restarted before this synchronous request finished",
-                    "engine_error",
+                    ErrorType.ENGINE_ERROR,
                 )
                 continue
             self.registry.bump_attempts(rec.request_id)
@@ -273,7 +163,8 @@ class Service:
         return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
 
     def _refuse_when_full(self) -> None:
-        """429 when max_queued requests are in flight (counted as rejected)."""
+        """429 when max_queued requests are in flight (counted as rejected). Called with the table's lock
+        held where the check and the count that follows must be one step."""
         if self.in_flight() >= self.config.max_queued:
             self.instruments.count("rejected")
             raise QueueFull(f"too many requests in flight ({self.config.max_queued}); retry shortly", retry_after_s=2)
@@ -297,41 +188,46 @@ class Service:
         check_vocabulary(request, (self.engine.info or {}).get("n_vocab") if self.engine else None)
 
     def in_flight(self) -> int:
-        return (self.engine.in_flight() if self.engine is not None else 0) + self._registering
+        return (self.engine.in_flight() if self.engine is not None else 0) + self.requests.registering
 
     async def submit(self, request: ChatRequest, *, mode: str, stream: bool = False, owner: str | None = None) -> str:
         """Register (durably, off the event loop), then dispatch; returns the request id.
 
+        The returned key is what `wait`, `stream` and `abort` take; `public_id(key)` is the id the
+        caller sees. A caller's own `request_id` is unique for its owner only (request_state.request_key):
+        another token's use of the same id neither blocks it nor shows through a "duplicate" answer.
+
         Raises 429 (too much in flight), 503 (engine not ready), 400 (duplicate id), 507 (disk full).
         """
         self._require_engine()
-        if self._unsaved:
+        if unsaved := len(self.requests.unsaved()):
             raise RegistryFull(
-                f"{len(self._unsaved)} finished result(s) could not be written to the request registry (disk "
+                f"{unsaved} finished result(s) could not be written to the request registry (disk "
                 "full?); new requests are refused until they are stored"
             )
-        with self._lock:
+        with self.requests.lock:  # the check and the count: one step, so max_queued holds under races
             self._refuse_when_full()
-            self._registering += 1
+            self.requests.registering += 1
         try:
-            request_id = request.request_id or uuid.uuid4().hex
+            key = request_key(request.request_id, owner) if request.request_id else uuid.uuid4().hex
             seed = request.seed if request.seed is not None else secrets.randbits(64)
             inserted = await asyncio.to_thread(
-                self.registry.insert, request_id, mode, request.params_dict(), request.metadata, seed, owner=owner
+                self.registry.insert, key, mode, request.params_dict(), request.metadata, seed, owner=owner
             )
             if not inserted:
-                raise InvalidRequest(f"request_id {request_id!r} already exists", param="request_id")
+                raise InvalidRequest(f"request_id {request.request_id!r} already exists", param="request_id")
             self.instruments.count("submitted")
+            state = self.requests.open(key)
             if mode == "sync":
-                self._waiters[request_id] = asyncio.get_running_loop().create_future()
+                state.waiter = asyncio.get_running_loop().create_future()
             if stream:
-                self._streams[request_id] = asyncio.Queue()
+                state.stream = asyncio.Queue()
             # The pipe send can block while the worker is mid-step: keep it off the event loop.
-            await asyncio.to_thread(self._dispatch, request_id, request, seed, stream=stream, created_at=time.time())
+            await asyncio.to_thread(self._dispatch, key, request, seed, stream=stream, created_at=time.time())
         finally:
-            with self._lock:
-                self._registering -= 1
-        return request_id
+            with self.requests.lock:
+                self.requests.registering -= 1
+        return key
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
         self.outputs.add_request(request_id, request.stop)
@@ -360,7 +256,7 @@ class Service:
             if not out.finished:
                 self._post(self._push_delta, out)
                 continue
-            outcome = outcome_of(out, self.model_name)
+            outcome = outcome_of(out, self.model_name, public_id(out.request_id))
             finals.append(outcome)
             self.instruments.finished(
                 outcome.status.value,
@@ -387,24 +283,20 @@ class Service:
             except EdgeLLMError as exc:
                 if delay is None:
                     log.error("could not store %d result(s), keeping them in memory: %s", len(rows), exc.message)
-                    with self._lock:
-                        self._unsaved.update({o.request_id: o for o in finals})
+                    self.requests.keep_unsaved(finals)
                     return
                 time.sleep(delay)
 
     def flush_unsaved(self) -> int:
         """Write results kept in memory while the registry was full; returns how many were written."""
-        with self._lock:
-            pending = list(self._unsaved.values())
+        pending = self.requests.unsaved()
         if not pending:
             return 0
         try:
             self.registry.finish_many([(o.request_id, o.status, o.result, o.error, o.error_type) for o in pending])
         except EdgeLLMError:
             return 0
-        with self._lock:
-            for o in pending:
-                self._unsaved.pop(o.request_id, None)
+        self.requests.stored(pending)
         log.info("stored %d result(s) kept in memory while the registry was full", len(pending))
         return len(pending)
 
@@ -413,37 +305,48 @@ class Service:
             self._loop.call_soon_threadsafe(fn, arg)
 
     def _resolve(self, outcome: Outcome) -> None:
-        fut = self._waiters.get(outcome.request_id)
-        if fut is not None and not fut.done():
-            fut.set_result(outcome)
+        state = self.requests.get(outcome.request_id)
+        if state is not None and state.waiter is not None and not state.waiter.done():
+            state.waiter.set_result(outcome)
 
     def _push_delta(self, out: RequestOutput) -> None:
-        queue = self._streams.get(out.request_id)
-        if queue is not None:
-            queue.put_nowait(out)
+        state = self.requests.get(out.request_id)
+        if state is not None and state.stream is not None:
+            state.stream.put_nowait(out)
+
+    def _let_go(self, key: str, *, stream: bool = False) -> None:
+        """The caller stopped waiting (answered, timed out or gone): its waiter (and stream) go."""
+        state = self.requests.get(key)
+        if state is not None:
+            state.waiter = None
+            if stream:
+                state.stream = None
+            self.requests.settle(key)
 
     # -- waiting -----------------------------------------------------------------------------
     async def wait(self, request_id: str, timeout_s: float) -> dict[str, Any]:
-        """Block until a request submitted by this process (mode sync) ends; its result or its error."""
-        fut = self._waiters.get(request_id)
+        """Block until a request submitted by this process (mode sync) ends; its result or its error.
+        `request_id`: the key `submit` returned."""
+        state = self.requests.get(request_id)
+        fut = state.waiter if state is not None else None
+        shown = public_id(request_id)
         if fut is None:
-            raise UnknownRequest(f"request {request_id!r} has no waiter in this process", request_id=request_id)
+            raise UnknownRequest(f"request {shown!r} has no waiter in this process", request_id=shown)
         try:
             # A little grace past the engine's own deadline, which normally ends the request first.
             outcome = await asyncio.wait_for(asyncio.shield(fut), timeout_s + 5.0)
         except asyncio.TimeoutError:  # builtin TimeoutError only from 3.11
             raise WaitTimeout(
-                f"request {request_id} did not finish within {timeout_s:g} s; poll "
-                f"/request_status?request_id={request_id}",
-                request_id=request_id,
+                f"request {shown} did not finish within {timeout_s:g} s; poll /request_status?request_id={shown}",
+                request_id=shown,
             ) from None
         finally:
-            self._waiters.pop(request_id, None)
-        return outcome.result_or_raise()
+            self._let_go(request_id)
+        return outcome.result_or_raise(shown)
 
     async def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
-        """Deltas, then the final output, of a request submitted with stream=True."""
-        queue = self._streams[request_id]
+        """Deltas, then the final output, of a request submitted with stream=True (`request_id`: its key)."""
+        queue = self.requests.get(request_id).stream
         try:
             while True:
                 out = await queue.get()
@@ -451,28 +354,30 @@ class Service:
                 if out.finished:
                     return
         finally:
-            self._streams.pop(request_id, None)
-            self._waiters.pop(request_id, None)
+            self._let_go(request_id, stream=True)
 
     # -- queries -----------------------------------------------------------------------------
     async def request_status(self, request_id: str, *, return_full: bool, owner: str | None = None) -> dict[str, Any]:
-        """A record as its owner sees it; another token's request is as unknown as a missing one."""
-        rec = await asyncio.to_thread(self.registry.get, request_id)
-        if rec is None or (rec.owner is not None and rec.owner != owner):
+        """A record as its owner sees it; another token's request is as unknown as a missing one.
+
+        The caller's own id first (its key), then the id itself: a generated id, an anonymous caller's
+        (readable by every caller, as before), or one registered before ids were scoped by owner."""
+        rec = await asyncio.to_thread(self._record, request_id, owner)
+        if rec is None:
             raise UnknownRequest(
                 f"unknown request_id {request_id!r} (never submitted, or expired)", request_id=request_id
             )
-        unsaved = self._unsaved.get(request_id)
+        unsaved = self.requests.unsaved_of(rec.request_id)
         if unsaved is not None and rec.status is RequestStatus.PENDING:
             rec = dataclasses.replace(
                 rec, status=unsaved.status, result=unsaved.result, error=unsaved.error, error_type=unsaved.error_type
             )
-        body: dict[str, Any] = {"request_id": rec.request_id, "status": rec.status.value}
+        body: dict[str, Any] = {"request_id": public_id(rec.request_id), "status": rec.status.value}
         if rec.status is RequestStatus.COMPLETED:
             body["result"] = rec.result
         elif rec.status.is_finished:
             body["error"] = rec.error
-            body["error_type"] = rec.error_type
+            body["error_type"] = str(rec.error_type) if rec.error_type is not None else None
         if return_full:
             body.update(
                 {
@@ -489,6 +394,14 @@ class Service:
             if rec.result is not None:
                 body["result"] = rec.result
         return body
+
+    def _record(self, request_id: str, owner: str | None) -> RequestRecord | None:
+        keys = dict.fromkeys((request_key(request_id, owner), request_id))
+        for key in keys:
+            rec = self.registry.get(key)
+            if rec is not None and (rec.owner is None or rec.owner == owner):
+                return rec
+        return None
 
     async def live_check(self) -> bool:
         """The watchdog's question: is the engine up (or restarting) and the registry readable?
@@ -532,7 +445,7 @@ class Service:
             "max_queued": self.config.max_queued,
             "registry": {
                 **self.registry.counts(),
-                "unsaved_results": len(self._unsaved),
+                "unsaved_results": len(self.requests.unsaved()),
                 "reset_reason": self.registry.reset_reason,
             },
             "auth_required": self.auth.required,

@@ -1,170 +1,94 @@
 """Validation and normalisation of the chat request body (seed 003 contract, bugs fixed).
 
 Every rule raises `InvalidRequest` with a message a person can act on; nothing here returns a 500.
-The result is a typed `ChatRequest`; nothing downstream sees the raw dict.
+The result is a typed `ChatRequest`; nothing downstream sees the raw dict. Defaults and bounds come
+from the field table (api/fields.py), the one the OpenAPI document is generated from; the guide rules
+are in api/guide_rules.py, the display of client values in api/display.py, and the checks that a
+parsed value can be stored in api/json_values.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import reprlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import ValidationError
 
-from edgellm.engine.types import GuideKind, GuideSpec, SamplingParams
+from edgellm.api.chat_request import ChatRequest
+from edgellm.api.display import kind_of as _kind
+from edgellm.api.display import show, show_name
+from edgellm.api.display import show_names as _names
+from edgellm.api.fields import (
+    BODY_FIELDS,
+    EXTRAS_FIELDS,
+    FIELDS,
+    KNOWN_FIELDS,
+    MAX_COMPLETION_TOKENS,
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_METADATA_BYTES,
+    MAX_PROMPT_BYTES,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_STOP_STRINGS,
+    MAX_TIMEOUT_S,
+    MIN_COMPLETION_TOKENS,
+    REQUEST_ID_PATTERN,
+    ROLES,
+    TEMPERATURE_MAX,
+    TEMPERATURE_MIN,
+    BodyField,
+)
+from edgellm.api.guide_rules import GUIDE_KEYS, MAX_SCHEMA_DEPTH, guided_decoding, normalize_response_format
+from edgellm.api.json_values import has_surrogate, json_problem, json_size
+from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import InvalidRequest
-from edgellm.media.parts import has_media, parse_content
-from edgellm.media.types import MediaInput
+from edgellm.media.parts import parse_content
 
-ROLES = ("system", "user", "assistant", "tool")
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,256}$")
-MAX_SEED = 2**64 - 1
-MAX_STOP_STRINGS = 16
-MAX_LOGIT_BIAS = 1024
+# What other modules import from here (the rules' constants and helpers live where they belong now).
+__all__ = [
+    "GUIDE_KEYS",
+    "KNOWN_FIELDS",
+    "MAX_COMPLETION_TOKENS",
+    "MAX_LOGIT_BIAS",
+    "MAX_MESSAGES",
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_DEPTH",
+    "MAX_PROMPT_BYTES",
+    "MAX_SAMPLES",
+    "MAX_SCHEMA_DEPTH",
+    "MAX_SEED",
+    "MAX_STOP_STRINGS",
+    "MAX_TOKEN_ID",
+    "MIN_COMPLETION_TOKENS",
+    "ROLES",
+    "SAMPLING_FIELDS",
+    "TEMPERATURE_MAX",
+    "TEMPERATURE_MIN",
+    "ChatRequest",
+    "has_surrogate",
+    "json_problem",
+    "json_size",
+    "normalize_response_format",
+    "parse_chat_request",
+    "show",
+    "show_name",
+]
+
+REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 # Token ids beyond any real vocabulary; the service checks the model's own n_vocab when it knows it.
 MAX_TOKEN_ID = 2**31 - 1
-# Defaults for the API-side prompt caps (defect 3): the engine never sees a prompt larger than this,
-# so a 30,000-message body is a 400 here, not 40 s of template rendering inside the step loop.
-MAX_MESSAGES = 512
-MAX_PROMPT_BYTES = 256 * 1024
-# Default bounds of temperature and max_tokens (upstream's TEMPERATURE_MIN/MAX, MIN/MAX_COMPLETION_TOKENS).
-TEMPERATURE_MIN, TEMPERATURE_MAX = 0.0, 1.5
-MIN_COMPLETION_TOKENS, MAX_COMPLETION_TOKENS = 16, 4096
-# metadata is stored as-is and returned by return_full: it must serialise, now and later.
-MAX_METADATA_BYTES = 64 * 1024
-MAX_SAMPLES = 16  # `n`: samples of one prompt (each takes a slot while it generates)
 MAX_METADATA_DEPTH = 32
-# Schemas nest a few levels in practice; the bound keeps every later walk (json.dumps, llguidance) off
-# Python's recursion limit.
-MAX_SCHEMA_DEPTH = 64
-_SURROGATE = re.compile("[\ud800-\udfff]")
-GUIDE_KEYS = tuple(k.value for k in GuideKind)
-
 # Fields `extras` may set: they are merged into the body before validation, so they get the same rules.
-SAMPLING_FIELDS = (
-    "temperature",
-    "max_tokens",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repeat_penalty",
-    "seed",
-    "stop",
-    "logit_bias",
-    "num_logprobs",
-    "presence_penalty",
-    "frequency_penalty",
-    "disable_spec_decode",
-    "n",
-)
-KNOWN_FIELDS = frozenset(
-    {
-        *SAMPLING_FIELDS,
-        "messages",
-        "response_format",
-        "guided_decoding",
-        "metadata",
-        "authorization",
-        "extras",
-        "request_id",
-        "REQUEST_ID",
-        "timeout",
-        "model",
-        "stream",
-    }
-)
-
-
-class ChatRequest(BaseModel):
-    """A validated request: what the registry stores and the engine request is built from."""
-
-    model_config = ConfigDict(frozen=True)
-
-    # content: a string, or (with images/audio) the parts of edgellm/media/parts.py's stored form
-    messages: list[dict[str, Any]]
-    temperature: float = 0.7
-    max_tokens: int = 512
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repeat_penalty: float = 1.0
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    logit_bias: dict[int, float] = Field(default_factory=dict)
-    num_logprobs: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    guide: GuideSpec | None = None
-    response_format: dict[str, Any] | None = None  # normalised form, echoed by return_full
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    request_id: str | None = None
-    timeout: float = 600.0
-    disable_spec_decode: bool = False  # no speculative drafts for this request (its output is the same)
-    n: int = 1  # samples of the prompt, sharing its prefill; sample i draws with seed + i
-    # Set by the OpenAI route: structured output cut by max_tokens is a 200 with finish "length" there.
-    cut_structure_ok: bool = False
-
-    # The media of `messages`, fetched and decoded (not stored: a recovered request loads them again)
-    # as the engine takes them: messages whose parts refer to `media` by index.
-    _loaded: tuple[list[dict[str, Any]], list[MediaInput]] | None = PrivateAttr(default=None)
-
-    @property
-    def has_media(self) -> bool:
-        return any(has_media(m.get("content")) for m in self.messages)
-
-    def with_media(self, messages: list[dict[str, Any]], media: list[MediaInput]) -> ChatRequest:
-        self._loaded = (messages, media)
-        return self
-
-    def engine_messages(self) -> tuple[list[dict[str, Any]], list[MediaInput]]:
-        if self._loaded is not None:
-            return self._loaded
-        if self.has_media:
-            raise RuntimeError("the request's media were not loaded (load_content) before dispatch")
-        return self.messages, []
-
-    def sampling(self, seed: int) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            seed=seed,
-            max_tokens=self.max_tokens,
-            stop=list(self.stop),
-            logit_bias=dict(self.logit_bias),
-            num_logprobs=self.num_logprobs,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any], metadata: dict[str, Any]) -> ChatRequest:
-        """The inverse of params_dict: a stored request, ready to run again after a restart."""
-        data = {k: v for k, v in params.items() if k != "guided_decoding"}
-        data["logit_bias"] = {int(k): v for k, v in (params.get("logit_bias") or {}).items()}
-        if params.get("guided_decoding"):
-            kind, spec = next(iter(params["guided_decoding"].items()))
-            data["guide"] = GuideSpec(GuideKind(kind), spec)
-        return cls.model_validate({**data, "metadata": metadata})
-
-    def params_dict(self) -> dict[str, Any]:
-        """The normalised request as JSON-friendly data (for the registry and return_full)."""
-        data = self.model_dump(exclude={"guide", "metadata"})
-        data["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
-        data["guided_decoding"] = {self.guide.kind.value: self.guide.spec} if self.guide else None
-        return data
+SAMPLING_FIELDS = EXTRAS_FIELDS
 
 
 def parse_chat_request(
     body: Any,
     *,
-    default_timeout: float = 600.0,
-    max_timeout: float = 3600.0,
+    default_timeout: float = FIELDS["timeout"].default,
+    max_timeout: float = MAX_TIMEOUT_S,
     min_max_tokens: int = MIN_COMPLETION_TOKENS,
     max_max_tokens: int = MAX_COMPLETION_TOKENS,
     min_temperature: float = TEMPERATURE_MIN,
@@ -189,7 +113,7 @@ def parse_chat_request(
     body = _merge_extras(body)
     if body.get("stream"):
         raise InvalidRequest("stream is not supported on this endpoint; use /v1/chat/completions", param="stream")
-    guide = _guided_decoding(body.get("guided_decoding"))
+    guide = guided_decoding(body.get("guided_decoding"))
     response_format = normalize_response_format(body.get("response_format"))
     if guide is not None and response_format is not None:
         raise InvalidRequest("set either response_format or guided_decoding, not both", param="guided_decoding")
@@ -198,32 +122,23 @@ def parse_chat_request(
         guide = GuideSpec(GuideKind.JSON_SCHEMA, schema) if schema is not None else GuideSpec(GuideKind.JSON_OBJECT)
     metadata = _metadata(body.get("metadata"))
     messages = _messages(body.get("messages"), max_messages, max_prompt_bytes)
-    fields = dict(
-        messages=messages,
-        temperature=_number(
-            body, "temperature", _clamp(0.7, min_temperature, max_temperature), min_temperature, max_temperature
-        ),
-        max_tokens=_integer(
-            body, "max_tokens", _clamp(512, min_max_tokens, max_max_tokens), min_max_tokens, max_max_tokens
-        ),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        top_k=_integer(body, "top_k", 0, 0, 100_000),
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
-        repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 10.0, low_open=True),
-        seed=_seed(body.get("seed")),
-        stop=_stop(body.get("stop")),
-        logit_bias=_logit_bias(body.get("logit_bias")),
-        num_logprobs=_integer(body, "num_logprobs", 0, 0, 50),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        guide=guide,
-        response_format=response_format,
-        metadata=metadata,
-        request_id=_request_id(body),
-        timeout=_number(body, "timeout", default_timeout, 0.0, max_timeout, low_open=True),
-        disable_spec_decode=_flag(body, "disable_spec_decode"),
-        n=_integer(body, "n", 1, 1, MAX_SAMPLES),
-    )
+    # The node's settings move these bounds; the table's defaults are pulled inside them.
+    bounds = {
+        "temperature": (min_temperature, max_temperature),
+        "max_tokens": (min_max_tokens, max_max_tokens),
+        "timeout": (FIELDS["timeout"].lo, max_timeout),
+    }
+    defaults = {
+        "temperature": _clamp(FIELDS["temperature"].default, min_temperature, max_temperature),
+        "max_tokens": _clamp(FIELDS["max_tokens"].default, min_max_tokens, max_max_tokens),
+        "timeout": default_timeout,
+    }
+    fields: dict[str, Any] = dict(messages=messages, guide=guide, response_format=response_format, metadata=metadata)
+    for f in BODY_FIELDS:  # the table's order: with several problems, the first in it is reported
+        if f.rule is not None:
+            fields[f.name] = _ruled(body, f, defaults.get(f.name, f.default), *bounds.get(f.name, (f.lo, f.hi)))
+        elif f.name in _OWN_RULES:
+            fields[f.name] = _OWN_RULES[f.name](body)
     try:
         return ChatRequest(**fields)
     except ValidationError:
@@ -232,101 +147,23 @@ def parse_chat_request(
         raise InvalidRequest("request body has a value of the wrong type") from None
 
 
-class _ClientRepr(reprlib.Repr):
-    """repr() for values a client sent: bounded in size and depth, and always encodable as UTF-8.
-
-    Builtin repr escapes lone surrogates (they are not printable), so an error message that shows a
-    client value this way can always be sent back as JSON; reprlib bounds its length.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel, self.maxstring, self.maxother = 3, 80, 40
-        self.maxdict, self.maxlist, self.maxtuple = 4, 6, 6
-
-    def repr_int(self, x: int, level: int) -> str:
-        # repr() of an int over 4300 digits raises ValueError; nobody reads 400 digits either.
-        if x.bit_length() > 128:
-            return f"<an integer of about {int(x.bit_length() * math.log10(2)) + 1} digits>"
-        return super().repr_int(x, level)
+# The fields with a rule of their own, checked in the table's order with the generic ones (messages,
+# the guide fields and metadata are checked first, above).
+_OWN_RULES = {
+    "seed": lambda body: _seed(body.get("seed")),
+    "stop": lambda body: _stop(body.get("stop")),
+    "logit_bias": lambda body: _logit_bias(body.get("logit_bias")),
+    "request_id": lambda body: _request_id(body),
+}
 
 
-_client_repr = _ClientRepr()
-
-
-def show(value: Any) -> str:
-    """A client value for an error message: readable, bounded, lone surrogates escaped as \\udXXX."""
-    try:
-        return _client_repr.repr(value)
-    except Exception:  # a hostile value must never turn a 400 into a 500
-        return f"<{_kind(value)}>"
-
-
-def show_name(name: Any, limit: int = 64) -> str:
-    """A client-chosen name (a field, a model id) shown unquoted: lone surrogates escaped, bounded."""
-    if not isinstance(name, str):
-        return show(name)
-    text = name[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
-    return text + ("..." if len(name) > limit else "")
-
-
-def _names(names: list[str], limit: int = 5) -> str:
-    shown = ", ".join(show_name(n) for n in names[:limit])
-    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
-
-
-def has_surrogate(text: str) -> bool:
-    """True if `text` holds a lone surrogate: it cannot be encoded as UTF-8 (for the tokenizer, SQLite
-    or a JSON response), so it is rejected with a 400 where it arrives."""
-    return _SURROGATE.search(text) is not None
-
-
-def json_problem(value: Any, where: str, *, max_depth: int) -> str | None:
-    """Why `value` would not survive a JSON round trip (None if it would).
-
-    Checks what json.dumps would miss or crash on later, when the value is read back: NaN/Infinity,
-    lone surrogates, non-string keys, non-JSON types, integers too long to print, nesting deeper than
-    `max_depth`. Iterative, so a 100,000-level structure costs no recursion.
-    """
-    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
-    while stack:
-        item, path, depth = stack.pop()
-        if depth > max_depth:
-            return f"{where} nests deeper than {max_depth} levels"
-        if item is None or isinstance(item, bool):
-            continue
-        if isinstance(item, str):
-            if has_surrogate(item):
-                return f"{path} contains a lone surrogate (invalid UTF-16)"
-        elif isinstance(item, int):
-            if item.bit_length() > 14_000:  # ~4300 decimal digits: json.dumps would raise ValueError
-                return f"{path} is an integer too large to store"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return f"{path} is {item!r}; JSON has no NaN or Infinity"
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    return f"{path} has a non-string key {show(key)}"
-                if has_surrogate(key):
-                    return f"{path} has a key with a lone surrogate (invalid UTF-16): {show(key)}"
-                stack.append((child, f"{path}.{show_name(key, 32)}", depth + 1))
-        elif isinstance(item, list | tuple):
-            stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
-        else:
-            return f"{path} is not a JSON value ({type(item).__name__})"
-    return None
-
-
-def json_size(value: Any) -> int:
-    """Bytes of `value` as compact UTF-8 JSON; call after json_problem() found nothing."""
-    return len(json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
-
-
-def _kind(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number" if isinstance(value, int | float) else type(value).__name__
-    )
+def _ruled(body: dict[str, Any], f: BodyField, default: Any, lo: Any, hi: Any) -> Any:
+    """A field the table gives a generic rule: a number or an integer within its bounds, or a flag."""
+    if f.rule == "flag":
+        return _flag(body, f.name)
+    if f.rule == "integer":
+        return _integer(body, f.name, default, lo, hi)
+    return _number(body, f.name, default, lo, hi, low_open=f.low_open)
 
 
 def _merge_extras(body: dict[str, Any]) -> dict[str, Any]:
@@ -547,109 +384,3 @@ def _request_id(body: dict) -> str | None:
     if not REQUEST_ID_RE.match(value):
         raise InvalidRequest("request_id must be 1..256 characters of [A-Za-z0-9._:-]", param="request_id")
     return value
-
-
-def normalize_response_format(value: Any) -> dict[str, Any] | None:
-    """null | dict | JSON string of a dict -> None or {"type": "json_object", "schema"?: {...}}."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if not value.strip():
-            return None
-        try:
-            value = json.loads(value)
-        except RecursionError:
-            raise InvalidRequest(
-                "response_format is a JSON string nested too deeply", param="response_format"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(
-                f"response_format is a string but not valid JSON: {exc.msg}", param="response_format"
-            ) from None
-    if not isinstance(value, dict):
-        raise InvalidRequest(
-            f"response_format must be an object (dict) or a JSON string of one, got {_kind(value)}",
-            param="response_format",
-        )
-    rtype = value.get("type")
-    if not isinstance(rtype, str):
-        raise InvalidRequest("response_format.type is required and must be a string", param="response_format")
-    if rtype not in ("json_object", "json_schema"):
-        raise InvalidRequest(
-            f"Unsupported response_format type {show(rtype)}. Supported: 'json_object', 'json_schema'.",
-            param="response_format",
-        )
-    schema = value.get("schema")
-    nested = value.get("json_schema")
-    if schema is None and isinstance(nested, dict):
-        schema = nested.get("schema")
-    if rtype == "json_schema" and schema is None:
-        raise InvalidRequest(
-            "response_format of type 'json_schema' requires a schema (json_schema.schema or schema)",
-            param="response_format",
-        )
-    if schema is None:
-        return {"type": "json_object"}
-    if not isinstance(schema, dict):
-        raise InvalidRequest(
-            f"response_format schema must be a JSON object (dict), got {_kind(schema)}", param="response_format"
-        )
-    problem = json_problem(schema, "response_format schema", max_depth=MAX_SCHEMA_DEPTH)
-    if problem:
-        raise InvalidRequest(problem, param="response_format")
-    return {"type": "json_object", "schema": schema}
-
-
-def _guided_decoding(value: Any) -> GuideSpec | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidRequest(
-            f"guided_decoding must be an object with exactly one of {', '.join(GUIDE_KEYS)}", param="guided_decoding"
-        )
-    unknown = sorted(str(k) for k in value if k not in GUIDE_KEYS)
-    if unknown:
-        raise InvalidRequest(
-            f"guided_decoding mode(s) {_names(unknown)} not supported; use one of {', '.join(GUIDE_KEYS)}",
-            param="guided_decoding",
-        )
-    set_keys = [k for k in GUIDE_KEYS if value.get(k) not in (None, False)]
-    if len(set_keys) != 1:
-        raise InvalidRequest(
-            f"guided_decoding must set exactly one of {', '.join(GUIDE_KEYS)}; got {len(set_keys)}",
-            param="guided_decoding",
-        )
-    kind = GuideKind(set_keys[0])
-    spec = value[kind.value]
-    if kind is GuideKind.JSON_OBJECT:
-        if spec is not True and spec != {}:
-            raise InvalidRequest(
-                "guided_decoding.json_object must be true (any JSON object); use json_schema for a schema",
-                param="guided_decoding",
-            )
-        return GuideSpec(kind)
-    if kind is GuideKind.JSON_SCHEMA:
-        if not isinstance(spec, dict):
-            raise InvalidRequest("guided_decoding.json_schema must be a JSON schema object", param="guided_decoding")
-        problem = json_problem(spec, "guided_decoding.json_schema", max_depth=MAX_SCHEMA_DEPTH)
-        if problem:
-            raise InvalidRequest(problem, param="guided_decoding")
-    if kind is GuideKind.CHOICE:
-        if not isinstance(spec, list) or not spec or not all(isinstance(c, str) and c for c in spec):
-            raise InvalidRequest(
-                "guided_decoding.choice must be a non-empty list of non-empty strings", param="guided_decoding"
-            )
-        spec = list(spec)
-        for i, choice in enumerate(spec):
-            if has_surrogate(choice):
-                raise InvalidRequest(
-                    f"guided_decoding.choice[{i}] contains a lone surrogate (invalid UTF-16)", param="guided_decoding"
-                )
-    if kind in (GuideKind.REGEX, GuideKind.EBNF):
-        if not isinstance(spec, str) or not spec.strip():
-            raise InvalidRequest(f"guided_decoding.{kind.value} must be a non-empty string", param="guided_decoding")
-        if has_surrogate(spec):
-            raise InvalidRequest(
-                f"guided_decoding.{kind.value} contains a lone surrogate (invalid UTF-16)", param="guided_decoding"
-            )
-    return GuideSpec(kind, spec)

@@ -2,8 +2,8 @@
 `POST /v1/chat/completions` would answer it, so results.jsonl reads the same as against the node.
 
 Per request, the node's own code, in the node's order: the body is the bytes the HTTP transport
-would POST (runner.wire_body), refused over `max_body_bytes` (413, http_guard.body_too_large) and
-parsed as the route parses it (400s of http_common.parse_json), then validated by
+would POST (runner.wire_body), refused over `max_body_bytes` (413, wire.body_too_large) and
+parsed as the route parses it (400s of wire.parse_body), then validated by
 service.parse_openai_now (the rules of Service.parse_openai: the served model name, limits from
 the same settings, the guide compiles, logit_bias ids in the vocabulary). What passes becomes the
 EngineRequest Service._dispatch would send (service.engine_request). All of them go to one
@@ -11,7 +11,7 @@ OfflineEngine (edgellm/offline.py: the node's Scheduler and OutputProcessor), wh
 continuously; each final output is mapped as the node maps it (service.outcome_of, then
 Outcome.result_or_raise: timeouts 504, guide dead ends 422, engine failures 500) and answered with
 the route's bodies (openai_compat.completion_body / error_body), rendered by the route's
-SafeJSONResponse and read back like an HTTP answer (runner.answer_outcome).
+SafeJSONResponse (wire.render) and read back like an HTTP answer (runner.answer_outcome).
 
 latency_ms: from when the engine queued the request to its final output, by the engine's own
 clock (timings queue + ttft + decode); a request refused before it reached the engine: the time
@@ -20,9 +20,9 @@ the same moment, as the node's counts from the request's arrival: requests still
 their turn in a large file do not time out.
 
 Not reproduced, because there is no HTTP exchange: authentication (no token is checked), the
-in-flight cap (429: the engine is fed as it has room), shutdown (503). `"stream": true` gives what
-batch-run gets from the node (an SSE answer is not JSON: an error line with http_code 200), without
-generating.
+in-flight cap (429: the engine is fed as it has room), shutdown (503). A line with `"stream": true` never gets here:
+load_requests refuses it up front (batch/inputs.py); a caller handing one over directly gets the line
+batch-run would write for an SSE answer (an error line with http_code 200), without generating.
 
 Run by `edgellm batch-run --local` in a crash-guarded child (edgellm/runtime/crash_guard.py): `on_phase`
 is told when the model loads and which requests the engine decodes ("decoding request 3 of 10 (id
@@ -45,46 +45,48 @@ from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
 from edgellm.api.output_processor import RequestOutput
 from edgellm.api.service import ServiceConfig, engine_request, load_media, outcome_of, parse_openai_now
 from edgellm.api.validation import ChatRequest
-from edgellm.batch.runner import Deliver, answer_outcome, wire_body
+from edgellm.batch.http_client import answer_outcome, wire_body
+from edgellm.batch.transport import Deliver
+from edgellm.engine.config import ModelConfig
 from edgellm.engine.types import EngineRequest
 from edgellm.errors import EdgeLLMError
 from edgellm.media.types import MediaCaps
-from edgellm.runtime.crash_guard import CLOSING, decoding_reporter
-from edgellm.runtime.http_common import SafeJSONResponse, parse_json
-from edgellm.runtime.http_guard import body_too_large
-from edgellm.runtime.settings import Settings
+from edgellm.phases import CLOSING, decoding_reporter
+from edgellm.wire import body_too_large, parse_body, render
 
 # What batch-run reads from the node for a stream (text/event-stream, "data: {...}"): not JSON.
 SSE_PREFIX = b"data: "
 
 
 def _rendered(body: dict[str, Any]) -> bytes:
-    """The bytes the route sends for `body` (its response class: NaN -> null, lone surrogates escaped)."""
-    return SafeJSONResponse(body).body
+    """The bytes the route sends for `body` (its response class renders with wire.render: NaN -> null,
+    lone surrogates escaped)."""
+    return render(body)
 
 
 class LocalTransport:
-    """batch-run's transport for --local: one OfflineEngine, loaded from the node's settings."""
+    """batch-run's transport for --local: one OfflineEngine. The CLI hands over what the node's settings
+    say (the model, the service's limits, the body limit): this layer does not read the runtime's settings."""
 
     def __init__(
         self,
-        settings: Settings,
+        model: ModelConfig,
+        config: ServiceConfig,
+        max_body_bytes: int,
         *,
         override_model: bool = False,
         on_phase: Callable[[str, str | None], None] | None = None,
         total: int = 0,
     ):
         from edgellm.offline import OfflineEngine
-        from edgellm.runtime.app import service_config
 
         self.on_phase = on_phase
         self.total = total  # requests in the file, resumed ones included: "decoding request N of total"
         self._decoding_started: set[int] = set()
-        self.config: ServiceConfig = service_config(settings)
-        self.max_body_bytes = settings.body_limit()
+        self.config = config
+        self.max_body_bytes = max_body_bytes
         # --model PATH: every request runs on that file, as --model NAME sends every request to that model.
         self.model_override = self.config.model_name if override_model else None
-        model = settings.model()
         # The engine is fed as its slots free up: n_slots prepared requests waiting is enough to keep
         # every slot busy, and keeps the time a request waits inside the engine short.
         if on_phase is not None:
@@ -98,7 +100,7 @@ class LocalTransport:
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
-        request, opts = parse_openai_now(parse_json(raw), self.config, self.engine.model.n_vocab)
+        request, opts = parse_openai_now(parse_body(raw), self.config, self.engine.model.n_vocab)
         return load_media(request, self.config, self.media_caps), opts
 
     def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:

@@ -68,6 +68,59 @@ def read_metadata(path: str | Path, wanted: Iterable[str]) -> dict[str, object]:
     return found
 
 
+def _value(f: BinaryIO, vtype: int) -> object:
+    """The value at the file's position: a scalar, a string, or a tuple for an array of scalars; None (the
+    value skipped) for an array of strings or arrays (a tokenizer's vocabulary: no caller wants it whole)."""
+    if vtype in _GGUF_SCALAR:
+        return _read(f, _GGUF_SCALAR[vtype])
+    if vtype == _GGUF_STRING:
+        return _read_str(f)
+    item, count = _read(f, "<I"), _read(f, "<Q")
+    if item in _GGUF_SCALAR:
+        fmt = _GGUF_SCALAR[item]
+        return struct.unpack(f"<{count}{fmt[1]}", f.read(struct.calcsize(fmt) * count))
+    for _ in range(count):
+        _skip(f, item)
+    return None
+
+
+def read_header(
+    path: str | Path, wanted: Iterable[str], *, tensors: bool = False
+) -> tuple[dict[str, object], dict[str, tuple[int, ...]]]:
+    """(the wanted keys' values, see _value; with `tensors`, each tensor's shape by name, outermost dimension
+    first: numpy's and Hugging Face's order, the reverse of GGUF's ne[]). Raises ValueError, or struct.error
+    on a truncated file. Without `tensors` it stops once all wanted keys are found."""
+    wanted = set(wanted)
+    found: dict[str, object] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version = _read(f, "<I")
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is too old")
+        n_tensors, n_kv = _read(f, "<Q"), _read(f, "<Q")
+        for _ in range(n_kv):
+            key, vtype = _read_str(f), _read(f, "<I")
+            if key in wanted:
+                value = _value(f, vtype)
+                if value is not None:
+                    found[key] = value
+            else:
+                _skip(f, vtype)
+            if not tensors and wanted <= found.keys():
+                return found, shapes
+        for _ in range(n_tensors if tensors else 0):
+            name = _read_str(f)
+            n_dims = _read(f, "<I")
+            if n_dims > 8:
+                raise ValueError(f"{path}: corrupt GGUF tensor table (a tensor of {n_dims} dimensions)")
+            dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
+            f.seek(4 + 8, 1)  # its ggml type and data offset
+            shapes[name] = tuple(int(d) for d in reversed(dims))
+    return found, shapes
+
+
 def array_length(path: str | Path, key: str) -> int | None:
     """Item count of an array-valued GGUF key (e.g. `tokenizer.ggml.tokens`, whose length is the vocabulary
     size when `{arch}.vocab_size` is absent), read from the array's own header without reading its items.

@@ -31,12 +31,13 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgellm.engine.gguf_header import read_header
+from edgellm.engine.shape import ModelShape
 from edgellm.errors import EngineError, InvalidRequest
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -116,84 +117,38 @@ def resolve_adapter_path(path: str, allowed_dirs: Sequence[str | Path], *, base_
 # -- the base model's shape, read from its GGUF -------------------------------------------------------
 
 
-def _field(reader: Any, key: str) -> Any:
-    """A GGUF metadata value as a Python scalar, str or list (None when absent)."""
-    import gguf
-
-    field = reader.fields.get(key)
-    if field is None or not field.types:
-        return None
-
-    def value(part: Any, vtype: Any) -> Any:
-        if vtype == gguf.GGUFValueType.STRING:
-            return bytes(part).decode("utf-8", "replace")
-        return part[0].item()
-
-    if field.types[0] == gguf.GGUFValueType.ARRAY:
-        vtype = field.types[-1]
-        return [value(field.parts[i], vtype) for i in field.data]
-    return value(field.parts[field.data[0]], field.types[0])
-
-
-def _read_gguf(path: Path) -> Any:
-    import gguf
-
+def _read_gguf(path: Path, keys: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """The wanted header values and the tensor shapes of a GGUF file (engine/gguf_header.py)."""
     try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the reader raises ValueError, struct.error, IndexError... on a bad file
+        return read_header(path, keys, tensors=True)
+    except Exception as exc:  # ValueError, struct.error, UnicodeDecodeError... on a bad file
         raise LoraError(f"{path} is not a readable GGUF file ({exc})") from None
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What the conversion needs from the base model: its architecture, head counts and tensor shapes."""
-
-    arch: str
-    n_block: int
-    n_embd: int
-    head_count: tuple[int, ...]  # per block
-    head_count_kv: tuple[int, ...]
-    shapes: dict[str, tuple[int, ...]]  # GGUF tensor name -> shape in HF order ([out, in] for a matrix)
-
-    def identity(self) -> dict[str, Any]:
-        return {
-            "arch": self.arch,
-            "n_block": self.n_block,
-            "n_embd": self.n_embd,
-            "head_count": list(self.head_count),
-            "head_count_kv": list(self.head_count_kv),
-            "converter": CONVERTER_VERSION,
-        }
-
-
-def _per_block(value: Any, n_block: int, what: str, path: str) -> tuple[int, ...]:
-    if isinstance(value, list):
-        if len(value) != n_block:
-            raise LoraError(f"model {path}: {what} has {len(value)} entries for {n_block} blocks")
-        return tuple(int(v) for v in value)
-    return (int(value),) * n_block
+def _identity(shape: ModelShape) -> dict[str, Any]:
+    """What of the base model a converted adapter depends on (part of its cache key)."""
+    return {
+        "arch": shape.arch,
+        "n_block": shape.n_block,
+        "n_embd": shape.n_embd,
+        "head_count": list(shape.head_count),
+        "head_count_kv": list(shape.head_count_kv),
+        "converter": CONVERTER_VERSION,
+    }
 
 
 @functools.lru_cache(maxsize=8)
 def _model_shape_cached(path: str, _mtime_ns: int, _size: int) -> ModelShape:
-    reader = _read_gguf(Path(path))
-    arch = _field(reader, "general.architecture")
-    if not isinstance(arch, str):
-        raise LoraError(f"model {path} has no general.architecture")
-    n_block = _field(reader, f"{arch}.block_count")
-    n_embd = _field(reader, f"{arch}.embedding_length")
-    head_count = _field(reader, f"{arch}.attention.head_count")
-    if not isinstance(n_block, int) or head_count is None:
-        raise LoraError(f"model {path} lacks {arch}.block_count or {arch}.attention.head_count")
-    head_count_kv = _field(reader, f"{arch}.attention.head_count_kv")
-    heads = _per_block(head_count, n_block, "attention.head_count", path)
-    heads_kv = heads if head_count_kv is None else _per_block(head_count_kv, n_block, "head_count_kv", path)
-    shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
-    return ModelShape(arch, n_block, int(n_embd or 0), heads, heads_kv, shapes)
+    try:
+        return ModelShape.from_gguf(path, tensors=True)
+    except (ValueError, OSError) as exc:
+        raise LoraError(f"model {path}: {exc}") from None
+    except Exception as exc:  # struct.error and the like: a truncated or corrupt file
+        raise LoraError(f"model {path} is not a readable GGUF file ({exc})") from None
 
 
 def model_shape(model_path: str | Path) -> ModelShape:
-    """The base model's ModelShape (cached per file version)."""
+    """The base model's ModelShape, with its tensors' shapes (cached per file version)."""
     st = os.stat(model_path)
     return _model_shape_cached(os.path.realpath(model_path), st.st_mtime_ns, st.st_size)
 
@@ -412,22 +367,22 @@ def write_gguf_adapter(path: Path, arch: str, alpha: float, tensors: dict[str, n
 
 def check_gguf_adapter(path: Path, shape: ModelShape) -> None:
     """LoraError unless `path` is a GGUF LoRA adapter whose tensors fit the model of `shape`."""
-    reader = _read_gguf(path)
-    general_type = _field(reader, "general.type")
+    meta, tensors = _read_gguf(path, ["general.type", "adapter.type", "general.architecture"])
+    general_type = meta.get("general.type")
     if general_type != "adapter":
         raise LoraError(f"{path} is not a LoRA adapter: its general.type is {general_type!r}, expected 'adapter'")
-    adapter_type = _field(reader, "adapter.type")
+    adapter_type = meta.get("adapter.type")
     if adapter_type != "lora":
         raise LoraError(f"{path} is not a LoRA adapter: its adapter.type is {adapter_type!r}, expected 'lora'")
-    arch = _field(reader, "general.architecture")
+    arch = meta.get("general.architecture")
     if arch != shape.arch:
         raise LoraError(f"LoRA adapter {path} is for the {arch!r} architecture but the model is {shape.arch!r}")
     found: dict[str, dict[str, tuple[int, ...]]] = {}
-    for t in reader.tensors:
-        base, _, kind = t.name.rpartition(".")
+    for name, dims in tensors.items():
+        base, _, kind = name.rpartition(".")
         if kind not in ("lora_a", "lora_b"):
             continue  # llama.cpp skips *_norm.weight and refuses anything else itself
-        found.setdefault(base, {})[kind] = tuple(int(d) for d in reversed(t.shape.tolist()))
+        found.setdefault(base, {})[kind] = dims
     if not found:
         raise LoraError(f"{path} holds no LoRA tensors")
     for base, ab in sorted(found.items()):
@@ -474,7 +429,7 @@ def gguf_adapter(path: Path, model_path: str, cache_dir: Path) -> Path:
     h = hashlib.sha256()
     _sha256_file(path, h)
     h.update(b"\0config\0" + config_path.read_bytes())
-    h.update(b"\0model\0" + json.dumps(shape.identity(), sort_keys=True).encode())
+    h.update(b"\0model\0" + json.dumps(_identity(shape), sort_keys=True).encode())
     out = Path(cache_dir) / f"{h.hexdigest()}.gguf"
     if out.is_file():
         return out

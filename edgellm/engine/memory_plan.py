@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edgellm.engine.gguf_header import array_length, read_metadata
+from edgellm.engine.shape import ModelShape
 
 MIB = 1024**2
 GIB = 1024**3
@@ -43,75 +42,6 @@ DEFAULT_OVERHEAD_BYTES = 150 * MIB
 _COMPUTE_MARGIN = 1.10
 _COMPUTE_FIXED = 8 * MIB
 _F32 = 4
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What memory sizing needs from a model: attention geometry, vocabulary and the weights' size."""
-
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    n_embd: int
-    head_dim_k: int
-    head_dim_v: int
-    n_ctx_train: int
-    n_vocab: int
-    file_bytes: int
-    n_ff: int = 0  # feed-forward width; 0 = unknown (estimated as 8 x n_embd, above common models' ratio)
-
-    @classmethod
-    def from_gguf(cls, path: str | Path) -> ModelShape:
-        """Read the shape from the GGUF header. Raises ValueError when a key the sizing needs is missing.
-
-        `{arch}.attention.head_count_kv` is a per-layer array in a few models (OpenELM-style variable
-        attention): read_metadata returns scalars only, so an array (or a missing key, which llama.cpp reads
-        as "no GQA") falls back to head_count, the largest any layer can have: an over-estimate of the KV
-        cache, never an under-estimate.
-        """
-        arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
-        if not isinstance(arch, str) or not arch:
-            raise ValueError(f"{path}: GGUF has no general.architecture")
-        keys = {
-            "n_layer": f"{arch}.block_count",
-            "n_head": f"{arch}.attention.head_count",
-            "n_head_kv": f"{arch}.attention.head_count_kv",
-            "n_embd": f"{arch}.embedding_length",
-            "head_dim_k": f"{arch}.attention.key_length",
-            "head_dim_v": f"{arch}.attention.value_length",
-            "n_ctx_train": f"{arch}.context_length",
-            "n_vocab": f"{arch}.vocab_size",
-            "n_ff": f"{arch}.feed_forward_length",
-        }
-        meta = read_metadata(path, keys.values())
-
-        def get(field: str) -> int | None:
-            value = meta.get(keys[field])
-            return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-        def need(field: str) -> int:
-            value = get(field)
-            if value is None or value <= 0:
-                raise ValueError(f"{path}: GGUF has no usable {keys[field]}; cannot size memory for a {arch} model")
-            return value
-
-        n_head, n_embd = need("n_head"), need("n_embd")
-        head_dim_k = get("head_dim_k") or n_embd // n_head
-        n_vocab = get("n_vocab") or array_length(path, "tokenizer.ggml.tokens")
-        if not n_vocab:
-            raise ValueError(f"{path}: GGUF has neither {keys['n_vocab']} nor tokenizer.ggml.tokens")
-        return cls(
-            n_layer=need("n_layer"),
-            n_head=n_head,
-            n_head_kv=get("n_head_kv") or n_head,
-            n_embd=n_embd,
-            head_dim_k=head_dim_k,
-            head_dim_v=get("head_dim_v") or head_dim_k,
-            n_ctx_train=need("n_ctx_train"),
-            n_vocab=n_vocab,
-            file_bytes=os.path.getsize(path),
-            n_ff=get("n_ff") or 0,
-        )
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_type: str = "f16") -> float:

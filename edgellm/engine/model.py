@@ -20,6 +20,7 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from edgellm.engine import test_hooks
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
 
@@ -101,14 +102,13 @@ def raw_prompt_text(messages: list[dict]) -> str:
 class LlamaModel:
     """Owns model + context + batch. Not thread-safe: one engine thread drives it."""
 
-    def __init__(
-        self, config: ModelConfig, *, force_gpu_failure: bool = False, force_gpu_context_failure: bool = False
-    ):
+    def __init__(self, config: ModelConfig):
         if not os.path.isfile(config.path):
             raise EngineError(f"model file not found: {config.path}")
         _ensure_backend()
         self.config = config
-        self.offload = self._load(config, force_gpu_failure)
+        hooks = test_hooks.current()  # off unless a test installed them (engine/test_hooks.py)
+        self.offload = self._load(config, hooks.gpu_load_failure)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_threads = config.n_threads or default_threads()
@@ -116,7 +116,7 @@ class LlamaModel:
         self.slot_ctx = config.n_ctx // config.n_slots
         if self.slot_ctx < 64:
             raise EngineError(f"n_ctx={config.n_ctx} leaves {self.slot_ctx} tokens per slot; need >= 64")
-        self.ctx = self._context_or_cpu_fallback(config, force_gpu_context_failure)
+        self.ctx = self._context_or_cpu_fallback(config, hooks.gpu_context_failure)
         self.memory = L.llama_get_memory(self.ctx)
         self.n_batch = config.n_batch
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)

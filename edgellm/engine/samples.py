@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from typing import Protocol
 
 from edgellm.engine.guide_llguidance import Guide
-from edgellm.engine.slot import PreparedRequest, Slot, SlotState
+from edgellm.engine.prepared import PreparedRequest
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
 
 SEED_MASK = (1 << 64) - 1
+
+
+class _Sample(Protocol):
+    """What a group asks of a slot running one of its samples (engine/slot.py's Slot)."""
+
+    prompt_end: int | None
 
 
 class SampleGroup:
@@ -39,12 +46,11 @@ class SampleGroup:
         sampling = dataclasses.replace(request.sampling, seed=(request.sampling.seed + index) & SEED_MASK)
         return dataclasses.replace(request, sampling=sampling)
 
-    def live(self, slots: list[Slot]) -> list[Slot]:
-        return [s for s in slots if s.group is self and s.state is not SlotState.IDLE]
-
-    def source(self, slots: list[Slot]) -> Slot | None:
-        """A running sample whose whole prompt is in its KV cache (positions [0, prompt_end))."""
-        return next((s for s in self.live(slots) if s.prompt_end is not None), None)
+    @staticmethod
+    def source(live: list[_Sample]) -> _Sample | None:
+        """Of `live` (the slots running a sample of this group, which the scheduler knows), one whose
+        whole prompt is in its KV cache (positions [0, prompt_end))."""
+        return next((s for s in live if s.prompt_end is not None), None)
 
     def finish(self, out: EngineOutput) -> EngineOutput | None:
         """Record one sample's final output; the request's final output once all n are in."""

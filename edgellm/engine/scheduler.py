@@ -27,7 +27,7 @@ from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
 from edgellm.engine.token_step import Finish, TokenStep
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind
-from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, InvalidRequest, QueueFull
+from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest, QueueFull
 from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
@@ -287,8 +287,9 @@ class Scheduler:
     def _decode(
         self, tokens: list[int], positions: list[int], seqs: list[int], want: list[bool], failed: dict[int, str]
     ) -> list[np.ndarray | None]:
-        """Decode one batch; when llama_decode fails, halve the batch and retry (as llama-server does),
-        so a failure ends only the sequences whose tokens fail on their own.
+        """Decode one batch; when llama_decode fails, halve the batch and retry, so a failure ends only
+        the sequences whose tokens fail on their own (llama-server halves its batch only when the KV
+        cache has no room; here every failure is bisected).
 
         Returns one logits row per wanted token, in order (None for a failed sequence); adds the
         failed sequence ids with their error to `failed` (sequences already there are skipped).
@@ -433,8 +434,9 @@ class Scheduler:
         for group in self.groups:
             if not group.unstarted:
                 continue
-            source = group.source(self.slots)
-            if source is None and group.live(self.slots):
+            live = [s for s in self.slots if s.group is group and s.state is not SlotState.IDLE]
+            source = group.source(live)
+            if source is None and live:
                 continue  # the prompt is still being prefilled
             index = group.unstarted.popleft()
             prepared, guide = group.prepared, group.guides[index]
@@ -514,7 +516,7 @@ class Scheduler:
         out.finish_reason = reason
         out.prompt_tokens = len(slot.prompt)
         out.completion_tokens = n_gen
-        out.error, out.error_type = error, error_type
+        out.error, out.error_type = error, ErrorType.of(error_type)
         out.cached_tokens = slot.reused
         out.stop_cause = finish.cause if reason is FinishReason.STOP else None
         out.truncated_structure = truncated

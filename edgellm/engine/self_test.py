@@ -13,9 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from edgellm.engine.scheduler import Scheduler
-from edgellm.engine.slot import SlotState
-from edgellm.engine.types import CacheCommit, EngineRequest, SamplingParams
+from edgellm.engine.slot import Slot, SlotState
+from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, SamplingParams
 
 # Outside the request-id space (ids are [A-Za-z0-9._:-]), so no client request can be mistaken for one.
 SELF_TEST_ID = "#self-test"
@@ -62,54 +61,57 @@ def _prompt(model, seq: int, n_tokens: int) -> str:
     return text
 
 
-def run_self_test(scheduler: Scheduler) -> SelfTestResult:
-    """Prefill min(n_slots, 3) prompts of ~64 tokens together, sample 4 tokens from each, check them.
+class SelfTest:
+    """One run of the self-test: min(n_slots, 3) prompts of ~64 tokens prefilled together, 4 tokens
+    sampled from each. The engine core queues `requests`, steps them (its one loop) and feeds back
+    what happens; `result()` checks it (raises SelfTestFailed when a sequence ends with an error or
+    without a token)."""
 
-    Raises SelfTestFailed when a sequence ends with an error or without a token.
-    """
-    model = scheduler.model
-    # Within the slots and the queue the node was given (max_queued can be 1 or 2 on a small board).
-    n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots, scheduler.max_waiting))
-    # A small context (a test config, a board preset) still gets a prompt that fits with its answer.
-    # (8 words of overshoot are at most ~24 tokens.)
-    prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.slot_ctx - SELF_TEST_NEW_TOKENS - 32))
-    t0 = time.perf_counter()
-    ids = []
-    for seq in range(n_seq):
-        rid = f"{SELF_TEST_ID}-{seq}"
-        ids.append(rid)
-        request = EngineRequest(
-            rid,
-            [{"role": "user", "content": _prompt(model, seq, prompt_tokens)}],
-            # Sampled, not greedy: the sampler's path (top-k/top-p, the RNG) runs too. Fixed seeds.
-            SamplingParams(temperature=0.8, top_p=0.95, max_tokens=SELF_TEST_NEW_TOKENS, seed=seq),
-            apply_chat_template=False,
-            cache_lookup=False,
-            cache_commit=CacheCommit.NONE,  # nothing of it is left for a client's prompt to reuse
-            speculative=False,
-        )
-        refused = scheduler.add_request(request)
-        if refused is not None:
-            raise SelfTestFailed(f"the engine refused its self-test request: {refused.error}")
-    # All prepared before the first step, so that the first step prefills them in one batch.
-    scheduler.wait_all_prepared(60.0)
-    finals = {}
-    together = None
-    while scheduler.has_work():
-        if not scheduler.can_step():
-            scheduler.wait_prepared(0.05)
-            continue
-        for out in scheduler.step():
-            if out.finished:
-                finals[out.request_id] = out
-        if together is None:  # prompts past their prefill after the first step (or already done)
-            together = len(finals) + sum(1 for slot in scheduler.slots if slot.state is SlotState.DECODE)
-    new_tokens = 0
-    for rid in ids:
-        out = finals.get(rid)
-        if out is None or out.error:
-            raise SelfTestFailed(f"self-test sequence {rid} failed: {out.error if out else 'no final output'}")
-        if out.completion_tokens < 1:
-            raise SelfTestFailed(f"self-test sequence {rid} generated no token")
-        new_tokens += out.completion_tokens
-    return SelfTestResult(n_seq, together or 0, prompt_tokens, new_tokens, 1000 * (time.perf_counter() - t0))
+    def __init__(self, model, max_waiting: int):
+        # Within the slots and the queue the node was given (max_queued can be 1 or 2 on a small board).
+        n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots, max_waiting))
+        # A small context (a test config, a board preset) still gets a prompt that fits with its answer.
+        # (8 words of overshoot are at most ~24 tokens.)
+        self.prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.slot_ctx - SELF_TEST_NEW_TOKENS - 32))
+        self.t0 = time.perf_counter()
+        self.requests = [
+            EngineRequest(
+                f"{SELF_TEST_ID}-{seq}",
+                [{"role": "user", "content": _prompt(model, seq, self.prompt_tokens)}],
+                # Sampled, not greedy: the sampler's path (top-k/top-p, the RNG) runs too. Fixed seeds.
+                SamplingParams(temperature=0.8, top_p=0.95, max_tokens=SELF_TEST_NEW_TOKENS, seed=seq),
+                apply_chat_template=False,
+                cache_lookup=False,
+                cache_commit=CacheCommit.NONE,  # nothing of it is left for a client's prompt to reuse
+                speculative=False,
+            )
+            for seq in range(n_seq)
+        ]
+        self.finals: dict[str, EngineOutput] = {}
+        self.together: int | None = None
+
+    @staticmethod
+    def refused(out: EngineOutput | None) -> None:
+        if out is not None:
+            raise SelfTestFailed(f"the engine refused its self-test request: {out.error}")
+
+    def on_output(self, out: EngineOutput) -> None:
+        if out.finished:
+            self.finals[out.request_id] = out
+
+    def after_step(self, slots: list[Slot]) -> None:
+        if self.together is None:  # prompts past their prefill after the first step (or already done)
+            self.together = len(self.finals) + sum(1 for slot in slots if slot.state is SlotState.DECODE)
+
+    def result(self) -> SelfTestResult:
+        new_tokens = 0
+        for request in self.requests:
+            rid = request.request_id
+            out = self.finals.get(rid)
+            if out is None or out.error:
+                raise SelfTestFailed(f"self-test sequence {rid} failed: {out.error if out else 'no final output'}")
+            if out.completion_tokens < 1:
+                raise SelfTestFailed(f"self-test sequence {rid} generated no token")
+            new_tokens += out.completion_tokens
+        ms = 1000 * (time.perf_counter() - self.t0)
+        return SelfTestResult(len(self.requests), self.together or 0, self.prompt_tokens, new_tokens, ms)

@@ -3,48 +3,26 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from edgellm.engine.draft import DraftLength
 from edgellm.engine.guide_llguidance import Guide
 from edgellm.engine.json_closing import JsonDepth, required_keys
+from edgellm.engine.prepared import PreparedRequest, Prompt
 from edgellm.engine.projector import MediaSpan
 from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, GuideKind, TokenLogprob
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # samples.py does not import this module: no cycle, even for the type checker
     from edgellm.engine.samples import SampleGroup
+
+__all__ = ["PreparedRequest", "Prompt", "Slot", "SlotState"]  # the first two live in prepared.py
 
 
 class SlotState(Enum):
     IDLE = 0
     PREFILL = 1
     DECODE = 2
-
-
-@dataclass
-class Prompt:
-    """A prepared prompt: token ids, where media chunks sit as runs of negative stand-ins."""
-
-    tokens: list[int]
-    media: list[MediaSpan] = field(default_factory=list)
-
-
-@dataclass
-class PreparedRequest:
-    """A request waiting for a slot; `future` (prompt, a compiled guide per sample) resolves off the step loop."""
-
-    request: EngineRequest
-    future: Future[tuple[Prompt, list[Guide | None]]]
-    queued_at: float = field(default_factory=time.monotonic)
-    prompt: list[int] = field(default_factory=list)  # set from the future at admission
-    media: list[MediaSpan] = field(default_factory=list)
-
-    @property
-    def ready(self) -> bool:
-        return self.future.done()
 
 
 class Slot:

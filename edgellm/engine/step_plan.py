@@ -6,7 +6,8 @@ then prompt chunks of prefilling slots, in slot order, until the batch budget is
 media chunk (an image, a 30 s audio window) goes in `media`: at most one per step, encoded and
 decoded before the token batch, so text slots wait for at most one encode per step. The
 scheduler decodes the plan and applies the outcome (`Scheduler.update_from_output`). Speculative
-decoding will add draft tokens here, as more pending tokens of a decoding slot.
+decoding's draft tokens (engine/draft.py) ride here too, after a decoding slot's pending tokens, each
+with logits, so the verification reads one row per draft.
 """
 
 from __future__ import annotations

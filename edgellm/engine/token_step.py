@@ -1,7 +1,7 @@
 """One slot's turn after a decode: penalties, grammar mask, sampling, forced tokens, stop checks.
 
 Kept out of the scheduler (which only plans steps and moves slots between states) so the choice of
-the next token(s) is one unit: speculative decoding will verify drafts through the same path.
+the next token(s) is one unit: speculative decoding verifies its drafts through the same path.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgellm.compat import StrEnum
+from edgellm.errors import ErrorType
 from edgellm.media.types import MediaInput
 
 
@@ -54,6 +55,10 @@ class GuideSpec:
 
 @dataclass
 class SamplingParams:
+    """How one request samples. The API builds it from its field table (api/fields.py, the fields marked
+    `sampling`: same names, same defaults, a test holds them equal); `seed` (the one drawn and recorded
+    for the request) and `repeat_last_n` are the engine's own. The engine never imports the API."""
+
     temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0
@@ -142,7 +147,7 @@ class EngineOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0  # final: all generated tokens
     error: str | None = None
-    error_type: str | None = None  # an errors.EdgeLLMError.error_type, so the API picks the status
+    error_type: ErrorType | None = None  # the class's type, sent as data: the API maps it back (errors.error_class)
     timings: dict[str, float] = field(default_factory=dict)
     cached_tokens: int = 0  # final: prompt tokens whose KV came from the prefix cache (not decoded again)
     stop_cause: StopCause | None = None  # final, with FinishReason.STOP
@@ -155,7 +160,7 @@ class EngineOutput:
 
     @classmethod
     def failure(
-        cls, request_id: str, error: str, error_type: str | None, reason: FinishReason = FinishReason.ERROR
+        cls, request_id: str, error: str, error_type: ErrorType | str | None, reason: FinishReason = FinishReason.ERROR
     ) -> EngineOutput:
         """A final output for a request that ends without a generation of its own."""
-        return cls(request_id, True, finish_reason=reason, error=error, error_type=error_type)
+        return cls(request_id, True, finish_reason=reason, error=error, error_type=ErrorType.of(error_type))

@@ -34,7 +34,7 @@ from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.loading import load_content
 from edgellm.media.types import MediaCaps
 from edgellm.offline import OfflineEngine, RunStats
-from edgellm.runtime.crash_guard import CLOSING, decoding_reporter
+from edgellm.phases import CLOSING, decoding_reporter
 
 log = logging.getLogger(__name__)
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgellm.errors import InvalidRequest, PayloadTooLarge
+from edgellm.errors import ErrorType, InvalidRequest, PayloadTooLarge
 
 
 class MediaError(InvalidRequest):
-    error_type = "invalid_media"
+    error_type = ErrorType.INVALID_MEDIA
 
 
 class MediaTooLarge(PayloadTooLarge):
-    error_type = "media_too_large"
+    error_type = ErrorType.MEDIA_TOO_LARGE
 
     def __init__(self, message: str, *, param: str | None = None, **kw: Any):
         super().__init__(message, **kw)

@@ -8,7 +8,7 @@ from edgellm.media.decode import decode_audio, decode_image
 from edgellm.media.errors import MediaError, MediaTooLarge
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.parts import has_media
-from edgellm.media.sources import load_bytes
+from edgellm.media.sources import check_source, load_bytes
 from edgellm.media.types import ImageInput, MediaCaps, MediaInput
 
 DEFAULT_AUDIO_RATE = 16000
@@ -30,9 +30,7 @@ def load_content(
 ) -> tuple[list[dict[str, Any]], list[MediaInput]]:
     """Stored messages -> (engine messages, decoded media). `caps` is the engine's projector (None while
     it is unknown: then media can only fail later, in the engine). Raises MediaError / InvalidRequest."""
-    n_media = sum(1 for m in messages if has_media(m.get("content")) for p in m["content"] if p["type"] != "text")
-    if n_media > limits.max_items:  # before fetching or decoding any of them
-        raise MediaError(f"the request carries {n_media} images/audio clips; the limit is {limits.max_items}")
+    _count(messages, limits)
     out: list[dict[str, Any]] = []
     items: list[MediaInput] = []
     for i, msg in enumerate(messages):
@@ -59,6 +57,45 @@ def load_content(
     return out, items
 
 
+def check_content(
+    messages: list[dict[str, Any]],
+    caps: MediaCaps | None,
+    sources: MediaSources,
+    limits: MediaLimits,
+    *,
+    base_dir: str | None = None,
+) -> None:
+    """What load_content would refuse the stored messages for by policy (how many media, a modality the
+    model lacks, where each may come from: media_dirs, remote media), without reading a file, fetching a
+    URL or decoding anything (the console's check of a request it does not run)."""
+    _count(messages, limits)
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        if not has_media(content):
+            continue
+        for j, part in enumerate(content):
+            if part["type"] != "text":
+                param = f"messages[{i}].content[{j}]"
+                _check_modality(part["type"], caps, param)
+                check_source(part["source"], sources, limits, param=param, base_dir=base_dir)
+
+
+def _count(messages: list[dict[str, Any]], limits: MediaLimits) -> None:
+    n_media = sum(1 for m in messages if has_media(m.get("content")) for p in m["content"] if p["type"] != "text")
+    if n_media > limits.max_items:  # before fetching or decoding any of them
+        raise MediaError(f"the request carries {n_media} images/audio clips; the limit is {limits.max_items}")
+
+
+def _check_modality(kind: str, caps: MediaCaps | None, param: str) -> None:
+    if caps is not None and not (caps.vision if kind == "image" else caps.audio):
+        raise MediaError(
+            f"{param}: this model takes no {'images' if kind == 'image' else 'audio'}: the node has no "
+            f"{'vision' if kind == 'image' else 'audio'} projector (setting mmproj_path)"
+            + (f"; {caps.error}" if caps.error else ""),
+            param=param,
+        )
+
+
 def _load_part(
     part: dict[str, Any],
     caps: MediaCaps | None,
@@ -68,13 +105,7 @@ def _load_part(
     param: str,
 ) -> MediaInput:
     kind = part["type"]
-    if caps is not None and not (caps.vision if kind == "image" else caps.audio):
-        raise MediaError(
-            f"{param}: this model takes no {'images' if kind == 'image' else 'audio'}: the node has no "
-            f"{'vision' if kind == 'image' else 'audio'} projector (setting mmproj_path)"
-            + (f"; {caps.error}" if caps.error else ""),
-            param=param,
-        )
+    _check_modality(kind, caps, param)
     data = load_bytes(part["source"], sources, limits, param=param, base_dir=base_dir)
     if kind == "image":
         if part.get("do_resize", True):

@@ -17,6 +17,7 @@ import stat
 import threading
 import time
 import urllib.parse
+from typing import cast
 
 from edgellm.media.errors import MediaError, MediaTooLarge, show_input
 from edgellm.media.limits import MediaLimits, MediaSources
@@ -37,6 +38,27 @@ def load_bytes(
     base_dir: str | None = None,
 ) -> bytes:
     """The bytes `ref` names. `base_dir` resolves a relative path (the folder of the file that holds it)."""
+    return cast(bytes, _resolve(ref, sources, limits, param, base_dir, fetch=True))  # fetch: never None
+
+
+def check_source(
+    ref: str,
+    sources: MediaSources,
+    limits: MediaLimits,
+    *,
+    param: str | None = None,
+    base_dir: str | None = None,
+) -> None:
+    """Raises what load_bytes would for `ref` by the node's policy (scheme, media_dirs, remote media),
+    without reading a file or fetching a URL: a local file is only looked at (stat), an http(s) URL only
+    allowed or not. A data: URL is decoded as load_bytes does: its bytes are already in the request."""
+    _resolve(ref, sources, limits, param, base_dir, fetch=False)
+
+
+def _resolve(
+    ref: str, sources: MediaSources, limits: MediaLimits, param: str | None, base_dir: str | None, *, fetch: bool
+) -> bytes | None:
+    """load_bytes and check_source in one: the same routing and refusals; `fetch` False reads nothing."""
     if not isinstance(ref, str):
         raise MediaError(f"a media reference must be a string, got {type(ref).__name__}", param=param)
     ref = ref.strip()
@@ -47,9 +69,10 @@ def load_bytes(
     if scheme == "data":
         return _data_url(ref, limits, param)
     if scheme == "file":
-        return _read_local(_file_url_path(ref, param), sources, limits, param, base_dir=None)
+        return _read_local(_file_url_path(ref, param), sources, limits, param, base_dir=None, fetch=fetch)
     if scheme in ("http", "https"):
-        return _fetch_remote(ref, sources, limits, param)
+        _remote_allowed(sources, param)
+        return _fetch_remote(ref, sources, limits, param) if fetch else None
     if scheme:
         raise MediaError(
             f"unsupported URL scheme {show_input(scheme, 20)}: use a data: URL, a file path or an http(s) URL",
@@ -57,7 +80,7 @@ def load_bytes(
         )
     if not ref.startswith("/") and _BASE64_TEXT.fullmatch(ref):
         raise MediaError("this looks like raw base64: send it as a data: URL (data:image/png;base64,...)", param=param)
-    return _read_local(ref, sources, limits, param, base_dir=base_dir)
+    return _read_local(ref, sources, limits, param, base_dir=base_dir, fetch=fetch)
 
 
 def decode_base64(text: str, limits: MediaLimits, *, param: str | None = None) -> bytes:
@@ -128,8 +151,8 @@ def _file_url_path(ref: str, param: str | None) -> str:
 
 
 def _read_local(
-    path: str, sources: MediaSources, limits: MediaLimits, param: str | None, *, base_dir: str | None
-) -> bytes:
+    path: str, sources: MediaSources, limits: MediaLimits, param: str | None, *, base_dir: str | None, fetch: bool
+) -> bytes | None:
     if not sources.media_dirs:
         raise MediaError(
             "local media files are disabled on this server (set media_dirs to allow folders); "
@@ -146,6 +169,8 @@ def _read_local(
         real = os.path.realpath(path)
         if not any(_inside(real, os.path.realpath(d)) for d in sources.media_dirs):
             raise MediaError(f"{shown} is outside the configured media_dirs ({_dirs(sources)})", param=param)
+        if not fetch:
+            return _look_at(real, limits, param, shown=shown)
         return _read_capped(real, limits, param, shown=shown)
     except (OSError, ValueError):  # ValueError: NUL bytes, unencodable surrogates
         raise MediaError(f"cannot read {shown}", param=param) from None
@@ -185,6 +210,25 @@ def _read_capped(real: str, limits: MediaLimits, param: str | None, *, shown: st
     return data
 
 
+def _look_at(real: str, limits: MediaLimits, param: str | None, *, shown: str) -> None:
+    """_read_capped's refusals from the file's metadata alone (a check reads no bytes)."""
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        raise MediaError(f"{shown}: no such file", param=param) from None
+    except OSError as exc:
+        raise MediaError(f"{shown}: cannot open it ({exc.strerror})", param=param) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise MediaError(f"{shown} is a directory, not a file", param=param)
+    if not stat.S_ISREG(info.st_mode):
+        raise MediaError(f"{shown} is not a regular file", param=param)
+    if info.st_size > limits.max_bytes:
+        raise _too_large(limits, param, info.st_size)
+    if not os.access(real, os.R_OK):
+        raise MediaError(f"{shown}: cannot open it (Permission denied)", param=param)
+    return None
+
+
 def _read_upto(fd: int, n: int) -> bytes:
     parts: list[bytes] = []
     while n > 0:
@@ -199,13 +243,16 @@ def _read_upto(fd: int, n: int) -> bytes:
 # --- http(s) ------------------------------------------------------------------------------------------
 
 
-def _fetch_remote(url: str, sources: MediaSources, limits: MediaLimits, param: str | None) -> bytes:
+def _remote_allowed(sources: MediaSources, param: str | None) -> None:
     if not sources.allow_remote:
         raise MediaError(
             "remote media URLs are disabled on this server (set allow_remote_media to allow http(s) URLs); "
             "send the file as a data: URL",
             param=param,
         )
+
+
+def _fetch_remote(url: str, sources: MediaSources, limits: MediaLimits, param: str | None) -> bytes:
     # httpx timeouts apply to each connect/read, so a server trickling a byte at a time would never hit
     # them. The download runs in a thread and the caller waits only until the deadline; the thread then
     # stops at its next chunk or its next per-read timeout, whichever comes first.

@@ -20,6 +20,7 @@ from edgellm.api.body_schema import openapi_components
 from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
 from edgellm.api.openai_compat import error_body
 from edgellm.api.registry import Registry
+from edgellm.api.request_state import public_id
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized
@@ -227,12 +228,13 @@ def create_app(
         return chat, await service.submit(chat, mode=mode_name, owner=owner)
 
     async def predict(request: Request) -> JSONResponse:
-        chat, request_id = await submit(request, "sync")
-        remember_request_id(request.scope, request_id)  # named in the 503 if shutdown cuts the wait
-        return respond(await service.wait(request_id, chat.timeout))
+        chat, key = await submit(request, "sync")
+        remember_request_id(request.scope, public_id(key))  # named in the 503 if shutdown cuts the wait
+        return respond(await service.wait(key, chat.timeout))
 
     async def predict_async(request: Request) -> JSONResponse:
-        _, request_id = await submit(request, "async")
+        _, key = await submit(request, "async")
+        request_id = public_id(key)  # the caller's own id (it is unique for its token only), or a new one
         return respond(
             {"request_id": request_id, "poll_url": f"/request_status?request_id={request_id}", "status": "pending"}
         )

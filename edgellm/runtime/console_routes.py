@@ -8,13 +8,13 @@ Assets are served from the package (edgellm/runtime/console/): no CDN, the devic
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
+from edgellm import jsonsafe
 from edgellm.api.openai_compat import error_body, parse_openai_request
 from edgellm.api.registry import RequestStatus
 from edgellm.api.service import Service
@@ -22,6 +22,7 @@ from edgellm.api.validation import ChatRequest
 from edgellm.engine.guide_llguidance import text_satisfies
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import EdgeLLMError, InvalidRequest
+from edgellm.media.loading import check_content
 from edgellm.runtime.http_common import SafeJSONResponse, authenticate, read_json_body
 
 ASSETS = Path(__file__).with_name("console")
@@ -61,10 +62,12 @@ def add_console_routes(app: FastAPI, service: Service, max_body_bytes: int) -> N
     @app.post("/console/api/check", include_in_schema=False)
     async def check_request(request: Request) -> Response:
         """Validate a chat-completions body as the node would (fields, schema/regex/grammar compile,
-        vocabulary) without running it: the playground's "Check" button."""
+        vocabulary, the media policy) without running it: the playground's "Check" button."""
         try:
             authenticate(service, request)
             chat = await _parse(service, await read_json_body(request, max_body_bytes))
+            if chat.has_media:  # stat() of local files: off the event loop, as the real route's loading
+                await asyncio.to_thread(_check_media, service, chat)
         except EdgeLLMError as exc:
             return SafeJSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
         guide = chat.guide.kind.value if chat.guide is not None else None
@@ -96,16 +99,23 @@ async def _parse(service: Service, body: Any) -> ChatRequest:
     return chat
 
 
+def _check_media(service: Service, chat: ChatRequest) -> None:
+    """The real route's media refusals (too many, a modality the model lacks, a remote URL with remote
+    media off, a path outside media_dirs, a missing file), without reading, fetching or decoding."""
+    config = service.config
+    check_content(chat.messages, service.media_caps(), config.media_sources, config.media_limits)
+
+
 def check_output(guide: GuideSpec | None, text: str) -> tuple[bool | None, str]:
     """(valid, why) of a text against the request's constraint; None when there is none. The verdict is
     llguidance's, on the grammar generation used (linear in the text: a hostile pattern cannot stall it)."""
     if guide is None:
         return None, "no structured-output constraint"
     if guide.kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
-        try:
-            json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
-            return False, f"not JSON: {exc}"[:300]
+        try:  # the node's one strict reader: a duplicate key or NaN is not the JSON a client can trust
+            jsonsafe.loads(text, lone_surrogates="keep")
+        except jsonsafe.JSONProblem as exc:
+            return False, f"not JSON: {exc.describe('text')}"[:300]
     what = {
         GuideKind.JSON_OBJECT: "a JSON object",
         GuideKind.JSON_SCHEMA: "valid against the schema",
@@ -116,10 +126,6 @@ def check_output(guide: GuideSpec | None, text: str) -> tuple[bool | None, str]:
     if text_satisfies(guide, text):
         return True, what
     return False, f"not {what}" if guide.kind is not GuideKind.JSON_SCHEMA else "not valid against the schema"
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _status(value: str | None) -> RequestStatus | None:

@@ -3,7 +3,7 @@
 A native crash in llama.cpp (its AMX matmul on Sapphire Rapids, upstream issue 20824; a bad build)
 kills the process by a signal, past any Python handler: a bare `Segmentation fault`, exit 139, and
 no output. So the command runs itself again as a child (the same interpreter, flags and sys.path,
-`edgellm.runtime.cli.main(<the same argv>)`, with CHILD_ENV set so the child does the work), and the
+`edgellm.cli.main(<the same argv>)`, with CHILD_ENV set so the child does the work), and the
 parent, which never loads llama.cpp, waits:
 
 - a normal exit, an error exit or Ctrl-C's 130 of the child are passed through unchanged;
@@ -41,6 +41,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+# The phases an in-process engine run reports live with the engine's users (batch --local, infer):
+# they must not import the runtime to say them. Re-exported here for the guard's callers.
+from edgellm.phases import CLOSING, decoding_reporter, describe_requests  # noqa: F401
 from edgellm.runtime.child_process import die_with_parent
 from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, crash_point, describe_exit
 
@@ -53,7 +56,6 @@ SWITCH_ENV = "EDGELLM_CRASH_GUARD"  # "off": no child (a debugger, a profiler, a
 
 PHASE_BYTES = 512  # one record; a pwrite this small is never torn by the writer's death
 STARTING = "starting (before the model was loaded)"
-CLOSING = "closing the engine"  # the phase of the engine's teardown, once every request has ended
 _FINISHED = "finished, exit "  # the final record: "finished, exit N: OUTPUT was written"
 
 # Signals that end a command: forwarded to the child, once each, see the module doc.
@@ -66,7 +68,7 @@ _CHILD_CODE = (
     "import sys\n"
     "if not (sys.flags.isolated or getattr(sys.flags, 'safe_path', False)):\n"
     "    sys.path[0:1] = {entry!r}\n"
-    "from edgellm.runtime.cli import main\n"
+    "from edgellm.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
 
@@ -254,45 +256,3 @@ def supervise(
 
 def _say(line: str) -> None:
     print(" ".join(line.split("\n")), file=sys.stderr, flush=True)  # one line, whatever an error said
-
-
-def describe_requests(numbers: Sequence[int], total: int) -> str:
-    """'decoding request 3 of 10', 'decoding requests 3-6 of 10', 'decoding requests 1, 4, 9 of 10'."""
-    nums = sorted(set(numbers))
-    if len(nums) == 1:
-        return f"decoding request {nums[0]} of {total}"
-    if nums == list(range(nums[0], nums[-1] + 1)):
-        listed = f"{nums[0]}-{nums[-1]}"
-    else:
-        listed = ", ".join(map(str, nums[:6])) + (f" and {len(nums) - 6} more" if len(nums) > 6 else "")
-    return f"decoding requests {listed} of {total}"
-
-
-def decoding_reporter(
-    on_phase: Callable[[str, str | None], None],
-    places: dict[str, tuple[int, str | None]],
-    total: int,
-    started: set[int],
-) -> Callable[[tuple[str, ...]], None]:
-    """The engine's on_decoding hook of a guarded command: the phase of the requests its next step decodes.
-
-    `places`: request id -> (its 1-based place in the file, a note for the phase of a request decoded
-    alone, or None): "decoding request 3 of 10 (id "r2")". `started`: the places whose crash point
-    ("decoding:N") was passed already, kept across calls: each is passed once, when the request
-    first enters the engine's steps.
-    """
-
-    def decoding(ids: tuple[str, ...]) -> None:
-        found = [places[rid] for rid in ids if rid in places]
-        if not found:
-            return
-        text = describe_requests([n for n, _ in found], total)
-        if len(found) == 1 and found[0][1]:
-            text += f" ({found[0][1]})"
-        on_phase(text, None)
-        for n, _ in found:
-            if n not in started:
-                started.add(n)
-                on_phase(text, f"decoding:{n}")
-
-    return decoding

@@ -32,6 +32,7 @@ from edgellm.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
+from edgellm.wire import body_too_large  # noqa: F401 (shared with batch-run --local; imported from here too)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -202,8 +203,13 @@ class HttpGuard:
 
     async def _shutdown_response(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         rid = exchange.request_id
-        where = f"; poll /request_status?request_id={rid} once the node is back" if rid else ""
-        exc = EngineUnavailable(f"the node is shutting down before this request finished{where}", request_id=rid)
+        # A synchronous request is not run again after the restart (service.recover fails it: its caller
+        # is gone), so the answer says so instead of sending the caller to poll for a result.
+        exc = EngineUnavailable(
+            "the node is shutting down before this request finished; it will not be run again (its record "
+            "reads failed after the restart): submit it again once the node is back",
+            request_id=rid,
+        )
         await self.error_response(scope["path"], exc)(scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> EdgeLLMError | None:
@@ -218,13 +224,6 @@ class HttpGuard:
         if declared and declared.isdigit():
             return body_too_large(int(declared), self.config.max_body_bytes)
         return None
-
-
-def body_too_large(size: int, limit: int) -> PayloadTooLarge | None:
-    """The 413 for a body whose Content-Length is `size` bytes, over `limit` (None when it fits)."""
-    if size > limit:
-        return PayloadTooLarge(f"request body is {size} bytes; the limit is {limit}")
-    return None
 
 
 def _headers(scope: Scope) -> dict[str, str]:

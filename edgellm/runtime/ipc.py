@@ -1,32 +1,68 @@
-"""The typed messages that cross between the API process and the engine worker."""
+"""The typed messages that cross between the API process and the engine worker.
+
+One small frozen dataclass per message, matched by type on both sides (runtime/worker.py,
+runtime/supervisor.py): a field is read by name, never a payload read back by key. Everything here
+pickles without llama.cpp (the API process never imports it).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from edgellm.compat import StrEnum
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.info import EngineInfo, EngineStats
+from edgellm.engine.types import EngineOutput, EngineRequest
 
 
-class MsgKind(StrEnum):
-    # API process -> worker
-    SUBMIT = "submit"  # payload: list[EngineRequest], admitted in this order
-    ABORT = "abort"  # payload: request id
-    PING = "ping"
-    SHUTDOWN = "shutdown"
-    # worker -> API process
-    PHASE = "phase"  # payload: str, what a starting worker begins: "loading" (the model), "warm-up" (self-test)
-    READY = "ready"  # payload: dict describing the loaded model (after warm-up)
-    OUTPUTS = "outputs"  # payload: list[EngineOutput]
-    PONG = "pong"  # payload: dict of load and step statistics
-    FATAL = "fatal"  # payload: str, the worker could not start
+# -- API process -> worker ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Submit:
+    requests: tuple[EngineRequest, ...]  # admitted in this order
 
 
-@dataclass
-class Message:
-    kind: MsgKind
-    payload: Any = None
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# -- worker -> API process ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Phase:
+    name: str  # what a starting worker begins: "loading" (the model), "warm-up" (the self-test)
+
+
+@dataclass(frozen=True)
+class Ready:
+    info: EngineInfo  # the loaded model, after warm-up
+
+
+@dataclass(frozen=True)
+class Outputs:
+    outputs: tuple[EngineOutput, ...]
+
+
+@dataclass(frozen=True)
+class Pong:
+    stats: EngineStats
+
+
+@dataclass(frozen=True)
+class Fatal:
+    reason: str  # the worker could not start: "<ExceptionType>: <message>"
+
+
+ToWorker = Submit | Abort | Ping | Shutdown
+FromWorker = Phase | Ready | Outputs | Pong | Fatal
 
 
 @dataclass(frozen=True)
@@ -34,5 +70,6 @@ class WorkerConfig:
     model: ModelConfig
     max_waiting: int = 64
     log_level: str = "INFO"
-    force_gpu_failure: bool = False  # test hook: pretend the GPU load ran out of memory
-    force_gpu_context_failure: bool = False  # test hook: pretend the GPU context did not fit
+    # Test hooks, carried to the worker, which installs them in engine/test_hooks.py.
+    force_gpu_failure: bool = False  # pretend the GPU load ran out of memory
+    force_gpu_context_failure: bool = False  # pretend the GPU context did not fit

@@ -19,8 +19,9 @@ from edgellm.api.openai_compat import (
     now,
 )
 from edgellm.api.output_processor import RequestOutput
-from edgellm.api.results import status_of, usage_of
-from edgellm.api.service import Outcome, Service
+from edgellm.api.request_state import public_id
+from edgellm.api.results import Outcome, status_of, usage_of
+from edgellm.api.service import Service
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
@@ -52,7 +53,8 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
             chat, opts = await service.parse_openai(body)
             if not opts.stream:
                 request_id = await service.submit(chat, mode="sync", owner=owner)
-                remember_request_id(request.scope, request_id)  # named in the 503 if shutdown cuts the wait
+                # named in the 503 if shutdown cuts the wait (as its caller knows it)
+                remember_request_id(request.scope, public_id(request_id))
                 try:
                     result = await _wait_unless_disconnected(service, request, request_id, chat.timeout)
                 except ClientGone:
@@ -76,7 +78,7 @@ def raise_for_failure(out: RequestOutput) -> None:
     """A stream that ended before its first delta: answer with its error status, not a 200 stream."""
     status, error, error_type = status_of(out)
     if status.value != "completed":
-        Outcome(out.request_id, status, None, error, error_type).result_or_raise()
+        Outcome(out.request_id, status, None, error, error_type).result_or_raise(public_id(out.request_id))
 
 
 async def _events(
@@ -87,8 +89,10 @@ async def _events(
     opts: OpenAIOptions,
     n: int,
 ) -> AsyncIterator[str]:
-    """SSE chunks; with n > 1 samples, each chunk names its sample's index (chunks of samples interleave)."""
+    """SSE chunks; with n > 1 samples, each chunk names its sample's index (chunks of samples interleave).
+    `request_id` is the request's key (aborted by it); the chunks name the id its caller knows."""
     created, model = now(), service.model_name
+    key, request_id = request_id, public_id(request_id)
     done = False
 
     def content_chunk(out: RequestOutput) -> str:
@@ -119,7 +123,7 @@ async def _events(
         done = True
     finally:
         if not done:  # the client went away mid-stream: free the slot
-            service.abort(request_id)
+            service.abort(key)
 
 
 async def _wait_unless_disconnected(service: Service, request: Request, request_id: str, timeout_s: float) -> dict:

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.compat import StrEnum
+from edgellm.engine.info import EngineInfo
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable
-from edgellm.runtime.ipc import Message, MsgKind, WorkerConfig
+from edgellm.runtime import ipc
+from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, describe_exit
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,7 @@ class _InFlight:
 
 
 class WorkerEngine:
-    """The engine client the API service uses when the engine runs in its own process."""
+    """The worker client of engine/interface.EngineClient: the engine core in its own process."""
 
     def __init__(
         self,
@@ -121,7 +123,8 @@ class WorkerEngine:
         self.ping_interval_s = ping_interval_s
         self.hang_timeout_s = hang_timeout_s
         self.state = EngineState.STOPPED
-        self.info: dict[str, Any] = {}
+        self.info: dict[str, Any] = {}  # engine_info.as_dict(): what /health and /status show
+        self.engine_info: EngineInfo | None = None  # the last worker's, once it was READY
         self.stats: dict[str, Any] = {}
         self.last_error: str | None = None
         self.restarts = 0
@@ -207,7 +210,8 @@ class WorkerEngine:
                     raise _StartFailed("the node is stopping")
                 self._starting = None
                 self._proc, self._conn = proc, parent_conn
-                self.info = msg.payload
+                self.engine_info = msg.info
+                self.info = msg.info.as_dict()
                 self.phase = "serving"
                 self._last_pong = time.monotonic()
                 self._generation += 1
@@ -216,7 +220,7 @@ class WorkerEngine:
                 resend, retried, lost = self._plan_resend()
                 # Sent before READY flips, in their original order: work that was in flight (or arrived
                 # during the restart) is admitted before any request that comes after.
-                if resend and not self._send(Message(MsgKind.SUBMIT, [e.request for e in resend])):
+                if resend and not self._send(ipc.Submit(tuple(e.request for e in resend))):
                     for entry in resend:
                         entry.sent = False
                 self.state = EngineState.READY
@@ -269,24 +273,24 @@ class WorkerEngine:
                 retried.append(entry)
         return resend, retried, lost
 
-    def _wait_ready(self, proc: mp.process.BaseProcess, conn) -> Message:
-        """The worker's READY message; PHASE messages update `phase` on the way."""
+    def _wait_ready(self, proc: mp.process.BaseProcess, conn) -> ipc.Ready:
+        """The worker's Ready message; Phase messages update `phase` on the way."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             if self._stopping.is_set():
                 raise _StartFailed("the node is stopping")
             if conn.poll(0.2):
                 try:
-                    msg: Message = conn.recv()
+                    msg: ipc.FromWorker = conn.recv()
                 except (EOFError, OSError):
                     raise self._ended(proc) from None
-                if msg.kind is MsgKind.READY:
+                if isinstance(msg, ipc.Ready):
                     return msg
-                if msg.kind is MsgKind.PHASE:
-                    self.phase = str(msg.payload)
+                if isinstance(msg, ipc.Phase):
+                    self.phase = msg.name
                     log.info("engine worker %s: %s", proc.pid, self.phase)
-                elif msg.kind is MsgKind.FATAL:
-                    raise _StartFailed(f"engine worker failed during {self.phase}: {msg.payload}")
+                elif isinstance(msg, ipc.Fatal):
+                    raise _StartFailed(f"engine worker failed during {self.phase}: {msg.reason}")
             elif not proc.is_alive():
                 raise self._ended(proc)
             elif time.monotonic() > deadline:
@@ -322,7 +326,7 @@ class WorkerEngine:
             starting.kill()  # a worker still loading has nothing to finish; _spawn reaps it
         if proc is None:
             return
-        self._send(Message(MsgKind.SHUTDOWN))
+        self._send(ipc.Shutdown())
         proc.join(timeout_s)
         if proc.is_alive():
             proc.kill()
@@ -349,7 +353,7 @@ class WorkerEngine:
             why = f"the engine could not be restarted: {self.last_error}"
             self.on_output([EngineOutput.failure(request.request_id, why, "engine_error")])
             return
-        if not self._send(Message(MsgKind.SUBMIT, [request])):
+        if not self._send(ipc.Submit((request,))):
             with self._lock:
                 entry.sent = False  # never delivered: the next worker runs it as a first attempt
 
@@ -360,9 +364,9 @@ class WorkerEngine:
         with self._lock:
             if self.state is not EngineState.READY:
                 return
-        self._send(Message(MsgKind.ABORT, request_id))
+        self._send(ipc.Abort(request_id))
 
-    def _send(self, msg: Message) -> bool:
+    def _send(self, msg: ipc.ToWorker) -> bool:
         """False when the worker cannot be reached; the reader thread notices its death and restarts it."""
         conn = self._conn
         if conn is None:
@@ -379,14 +383,14 @@ class WorkerEngine:
     def _reader(self, conn, generation: int) -> None:
         while True:
             try:
-                msg: Message = conn.recv()
+                msg: ipc.FromWorker = conn.recv()
             except (EOFError, OSError):
                 break
-            if msg.kind is MsgKind.OUTPUTS:
-                self._deliver(msg.payload)
-            elif msg.kind is MsgKind.PONG:
+            if isinstance(msg, ipc.Outputs):
+                self._deliver(list(msg.outputs))
+            elif isinstance(msg, ipc.Pong):
                 self._last_pong = time.monotonic()
-                self.stats = msg.payload
+                self.stats = msg.stats.as_dict()
         if not self._stopping.is_set() and generation == self._generation:
             self._handle_crash()
 
@@ -406,7 +410,7 @@ class WorkerEngine:
         while not self._stopping.wait(self.ping_interval_s):
             if self.state is not EngineState.READY:
                 continue
-            if not self._send(Message(MsgKind.PING)):
+            if not self._send(ipc.Ping()):
                 continue
             if time.monotonic() - self._last_pong > self.hang_timeout_s and self._proc is not None:
                 log.error(

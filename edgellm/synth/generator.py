@@ -11,7 +11,6 @@ request is wrong, or the token is) stops it at once, as do many failures in a ro
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import threading
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import requests
 
-from edgellm.batch.runner import MAX_RETRY_AFTER_S, never_sent, retry_after_s
+from edgellm.batch.http_client import MAX_RETRY_AFTER_S, never_sent, retry_after_s
 from edgellm.synth.journal import open_output
 from edgellm.synth.schema import (
     SYSTEM_PROMPT,
@@ -149,7 +148,7 @@ def answer_text(body: Any) -> tuple[str | None, str | None]:
 def closed_early(raw: bytes) -> bool:
     """Whether the answer says its JSON was steered to an early end (edgellm's truncated_structure)."""
     try:
-        body = json.loads(raw)
+        body = strict_loads(raw)  # the one strict reader: a hostile answer (deep, NaN) is "no", not a crash
     except ValueError:
         return False
     if isinstance(body, dict) and isinstance(body.get("result"), dict):

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 from jsonschema.validators import validator_for
 
+from edgellm import jsonsafe
 from edgellm.errors import EdgeLLMError
 
 MAX_SCHEMA_BYTES = 256 * 1024  # the node refuses bigger request bodies anyway; say so before sending
@@ -31,25 +32,19 @@ class SynthInputError(EdgeLLMError):
     error_type = "synth_input"
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"duplicate key {dup!r} in an object")
-    return obj
-
-
-def strict_loads(text: str | bytes) -> Any:
-    """JSON as a strict parser reads it: no NaN/Infinity, no duplicate keys; ValueError otherwise."""
+def strict_loads(text: str | bytes, *, lone_surrogates: jsonsafe.Surrogates = "keep") -> Any:
+    """JSON as the node's one strict reader takes it (edgellm/jsonsafe.py: no NaN/Infinity, no duplicate
+    keys, bounded numbers and depth); ValueError naming the problem otherwise. A lone surrogate is kept
+    by default: an answer holding one is still JSON; the schema file refuses it."""
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
+        return jsonsafe.loads(text, lone_surrogates=lone_surrogates)
+    except jsonsafe.JSONProblem as p:
+        if p.kind == "duplicate":
+            inside = f" in {jsonsafe.json_path(p.parts[:-1])}" if len(p.parts) > 1 else ""
+            raise ValueError(f"duplicate key {jsonsafe.key_text(p.key or '')} in an object{inside}") from None
+        if p.kind == "syntax":  # callers say "not valid JSON" themselves
+            raise ValueError(p.problem.removeprefix("is not valid JSON: ")) from None
+        raise ValueError(p.describe("the text")) from None
 
 
 def check_schema(schema: Any, where: str = "schema") -> dict[str, Any]:
@@ -110,7 +105,7 @@ def load_schema(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise SynthInputError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        schema = strict_loads(text)
+        schema = strict_loads(text, lone_surrogates="refuse")
     except ValueError as exc:  # JSONDecodeError is one
         raise SynthInputError(f"{path}: not valid JSON ({exc})") from None
     return check_schema(schema, where=str(path))

@@ -38,6 +38,7 @@ _CONFIG = {
     "N_GPU_LAYERS": None,  # None/"auto"/-1 = all layers when llama.cpp can offload, else CPU
     "FLASH_ATTN": True,
     "KV_CACHE_TYPE": "f16",  # or "q8_0"
+    "MMPROJ_PATH": None,  # a multimodal projector GGUF made for the model: images and audio in messages
     "MAX_WAITING": 64,  # requests queued in the scheduler beyond the slots (the drain feeds it)
     "SUPPORTED_REQUEST_TYPES": ["LLM"],
     "MIN_COMPLETION_TOKENS": 1,  # the API plugin applies its own, stricter policy
@@ -63,9 +64,7 @@ class EdgellmLlamaCpp(BaseServingProcess):
     CONFIG = _CONFIG
 
     def __init__(self, **kwargs):
-        self.model = None
-        self.scheduler = None
-        self.processor = None
+        self.engine = None  # edgellm.offline.OfflineEngine: the engine core in this process
         self._model_name = "edgellm"
         super().__init__(**kwargs)
 
@@ -86,6 +85,7 @@ class EdgellmLlamaCpp(BaseServingProcess):
             n_gpu_layers=int(layers),
             flash_attn=bool(self.cfg_flash_attn),
             kv_cache_type=str(self.cfg_kv_cache_type),
+            mmproj_path=str(self.cfg_mmproj_path) if self.cfg_mmproj_path else None,
         )
 
     def _limits(self):
@@ -101,20 +101,21 @@ class EdgellmLlamaCpp(BaseServingProcess):
     # -- lifecycle -----------------------------------------------------------------------------
     def startup(self):
         # llama.cpp is loaded here, in the serving process, not when the node imports this module.
-        from edgellm.engine.model import LlamaModel
-        from edgellm.engine.scheduler import Scheduler
+        from edgellm.offline import OfflineEngine
 
-        config = self._model_config()
-        self.model = LlamaModel(config)  # GPU offload when available; on a failed GPU load, CPU
-        self.scheduler = Scheduler(self.model, max_waiting=int(self.cfg_max_waiting))
-        self.processor = OutputProcessor()
-        self._model_name = self.cfg_model_name or self.model.name
-        offload = self.model.offload
+        # The same engine core as the node's worker: model (GPU offload when available; on a failed
+        # GPU load, CPU), the projector when MMPROJ_PATH is set, and the scheduler.
+        self.engine = OfflineEngine(self._model_config(), max_waiting=int(self.cfg_max_waiting))
+        model = self.engine.model
+        self._model_name = self.cfg_model_name or model.name
+        offload = model.offload
+        media = self.engine.core.info.media
         self.P(
             f"edgellm engine ready: {self._model_name} on {offload.device} "
             f"({offload.n_gpu_layers}/{offload.n_layers} layers offloaded"
             f"{'; ' + offload.fallback_reason if offload.fallback_reason else ''}), "
-            f"{self.model.n_slots} slots x {self.model.slot_ctx} ctx"
+            f"{model.n_slots} slots x {model.slot_ctx} ctx"
+            f"{'; projector: ' + (media.get('error') or 'attached') if self.cfg_mmproj_path else ''}"
         )
         if self.cfg_warmup:  # the first request must not pay for lazy init; a model that cannot answer fails here
             (answer,) = self._run([WARMUP_PAYLOAD])
@@ -123,10 +124,8 @@ class EdgellmLlamaCpp(BaseServingProcess):
         return f"edgellm engine {self._model_name} ready on {offload.device}"
 
     def _shutdown(self):
-        if self.scheduler is not None:
-            self.scheduler.close()
-        if self.model is not None:
-            self.model.close()
+        if self.engine is not None:
+            self.engine.close()
 
     # -- one drain -----------------------------------------------------------------------------
     def pre_process(self, inputs):
@@ -142,8 +141,8 @@ class EdgellmLlamaCpp(BaseServingProcess):
     def _run(self, payloads):
         try:
             answers = node_payloads.run_payloads(
-                self.scheduler,
-                self.processor,
+                self.engine.core,
+                self.engine.processor,
                 payloads,
                 model_name=self._model_name,
                 limits=self._limits(),
@@ -156,19 +155,15 @@ class EdgellmLlamaCpp(BaseServingProcess):
             )
             self._rebuild_scheduler()
         else:
-            if self.scheduler.has_work():  # a failed run whose requests could not be cleared
+            if self.engine.core.has_work():  # a failed run whose requests could not be cleared
                 self._rebuild_scheduler()
         ok = sum(1 for a in answers if a.get("IS_VALID"))
         self.P(f"answered {len(answers)} payload(s): {ok} completed, {len(answers) - ok} failed")
         return answers
 
     def _rebuild_scheduler(self):
-        from edgellm.engine.scheduler import Scheduler
-
         try:
-            if self.scheduler is not None:
-                self.scheduler.close()
-            self.scheduler = Scheduler(self.model, max_waiting=int(self.cfg_max_waiting))
-            self.processor = OutputProcessor()
+            self.engine.core.rebuild_scheduler()  # the projector is attached again with it
+            self.engine.processor = OutputProcessor()
         except Exception as exc:
             self.P(f"could not rebuild the edgellm scheduler: {exc!r}", color="r")

@@ -77,11 +77,30 @@ schema_like = st.one_of(
         },
     ),
 )
+structure = st.one_of(
+    values,
+    st.fixed_dictionaries(
+        {"begin": st.one_of(st.sampled_from(["<f>", "<f=x>", "<g>"]), text), "schema": schema_like},
+        optional={"end": st.one_of(st.just("</f>"), text, values), "extra": values},
+    ),
+)
+structural_tag = st.one_of(
+    values,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.one_of(st.just("structural_tag"), values),
+            "triggers": st.one_of(st.lists(st.one_of(st.just("<f"), text), max_size=3), values),
+            "structures": st.one_of(st.lists(structure, max_size=2), values),
+        },
+    ),
+)
 guided = st.one_of(
     values,
     st.fixed_dictionaries(
         {},
         optional={
+            "structural_tag": structural_tag,
             "json_object": st.one_of(st.just(True), values),
             "json_schema": schema_like,
             "regex": st.one_of(text, st.sampled_from(["a{1000000}", "[0-9]{3}", "(", "a*"])),
@@ -139,6 +158,14 @@ OK = [{"role": "user", "content": "hi"}]
 @example({"messages": OK, "response_format": {"type": "\ud800"}})
 @example({"messages": OK, "guided_decoding": {"json_schema": {"$ref": "#"}}})
 @example({"messages": OK, "guided_decoding": {"regex": "a{1000000}"}})
+@example(
+    {
+        "messages": OK,
+        "guided_decoding": {
+            "structural_tag": {"triggers": ["<f"], "structures": [{"begin": "<f>", "schema": {"$ref": "#"}, "end": ""}]}
+        },
+    }
+)
 def test_seed_parser_raises_only_invalid_request(body):
     try:
         request = parse_chat_request(body)

@@ -389,3 +389,65 @@ def test_an_empty_assistant_turn_is_accepted_as_openai_does(content):
         {"role": "user", "content": "?"},
     ]
     assert parse_chat_request({"messages": msgs}).messages[1] == {"role": "assistant", "content": ""}
+
+
+# -- structural_tag: checked at the API, in the form llguidance is given (engine/guide_llguidance.py) ---
+TAG = {
+    "triggers": ["<function="],
+    "structures": [
+        {"begin": "<function=get_weather>", "schema": {"type": "object"}, "end": "</function>"},
+    ],
+}
+
+
+def test_structural_tag_is_accepted_and_normalised():
+    guide = parse_chat_request({"messages": MSG, "guided_decoding": {"structural_tag": TAG}}).guide
+    assert guide.kind is GuideKind.STRUCTURAL_TAG and guide.spec == TAG
+    # vLLM's {"type": "structural_tag", ...} wrapper is taken off: the engine gets the same spec.
+    wrapped = {"type": "structural_tag", **TAG}
+    assert parse_chat_request({"messages": MSG, "guided_decoding": {"structural_tag": wrapped}}).guide.spec == TAG
+
+
+def test_structural_tag_survives_the_stored_round_trip():
+    request = parse_chat_request({"messages": MSG, "guided_decoding": {"structural_tag": TAG}})
+    again = ChatRequest.from_params(json.loads(json.dumps(request.params_dict())), {})
+    assert again.guide == request.guide
+
+
+@pytest.mark.parametrize(
+    "tag,fragment",
+    [
+        ("x", "guided_decoding.structural_tag must be an object with triggers and structures, got string"),
+        ({**TAG, "type": "tag"}, 'guided_decoding.structural_tag.type must be "structural_tag" when given'),
+        ({**TAG, "format": {}}, "guided_decoding.structural_tag has unknown key(s) format"),
+        ({**TAG, "triggers": []}, "guided_decoding.structural_tag.triggers must be a non-empty list"),
+        ({**TAG, "triggers": ["<f", ""]}, "guided_decoding.structural_tag.triggers must be a non-empty list"),
+        ({**TAG, "structures": []}, "guided_decoding.structural_tag.structures must be a non-empty list"),
+        ({**TAG, "structures": ["x"]}, "structural_tag.structures[0] must be an object with begin, schema and end"),
+        (
+            {**TAG, "structures": [{**TAG["structures"][0], "tag": 1}]},
+            "structural_tag.structures[0] has unknown key(s) tag",
+        ),
+        ({**TAG, "structures": [{"begin": "<function=f>", "schema": {}}]}, "structures[0].begin and .end must be"),
+        (
+            {**TAG, "structures": [{"begin": "<function=f>", "schema": "x", "end": ""}]},
+            "structures[0].schema must be a JSON schema object",
+        ),
+        (
+            {**TAG, "structures": [{"begin": "<tool>", "schema": {}, "end": ""}]},
+            "structures[0].begin '<tool>' does not start with any of the triggers",
+        ),
+        ({**TAG, "triggers": ["<function=\ud800"]}, "structural_tag.triggers[0] contains a lone surrogate"),
+    ],
+)
+def test_structural_tag_errors(tag, fragment):
+    error = reject({"messages": MSG, "guided_decoding": {"structural_tag": tag}}, fragment)
+    assert error.param == "guided_decoding"
+
+
+def test_structural_tag_nesting_is_bounded():
+    deep: dict = {"type": "object"}
+    for _ in range(100):
+        deep = {"properties": {"a": deep}}
+    tag = {"triggers": ["<f"], "structures": [{"begin": "<f>", "schema": deep, "end": ""}]}
+    reject({"messages": MSG, "guided_decoding": {"structural_tag": tag}}, "nests deeper than 64 levels")

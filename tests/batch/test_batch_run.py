@@ -133,7 +133,8 @@ def test_closed_port_is_http_code_zero(tmp_path):
         ('{"requests": [{"id": "a", "temperature": NaN}]}', "requests[0].temperature: NaN is not valid JSON"),
         ('{"requests": [{"id": "a", "top_p": -Infinity}]}', "-Infinity is not valid JSON"),
         ('{"requests": [{"id": "a", "temperature": 1e999}]}', "requests[0].temperature: a number too large"),
-        ('{"requests": [{"id": "a", "seed": ' + "9" * 5000 + "}]}", "4300 digits"),
+        # was "4300 digits" (Python's own limit): one limit for every JSON reader now, the node's 40 digits
+        ('{"requests": [{"id": "a", "seed": ' + "9" * 5000 + "}]}", "at most 40 digits"),
         ('{"requests": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
         ('{"requests": [{"id": "a"}, "b"]}', "requests[1] is not an object"),
         ('{"requests": [{"id": 4}, {"id": "4"}]}', "duplicate id '4' (requests[0] and requests[1])"),
@@ -209,3 +210,19 @@ def test_ctrl_c_writes_what_finished_and_exits_nonzero(node, tmp_path):
     code = proc.wait(30)
     assert code == 130, proc.stderr.read()
     assert [x["id"] for x in lines(out)] == ["quick"]
+
+
+def test_a_streaming_line_is_refused_up_front(tmp_path):
+    """Issue 20: `"stream": true` was generated, then written as an error line with http_code 200
+    ("response is not JSON"). Now the file is refused before anything is sent, naming the line."""
+    from tests.batch.stub import Reply, StubServer
+
+    src = write(tmp_path / "in.json", [{"id": "a", "messages": msg()}, {"id": "b", "messages": msg(), "stream": True}])
+    out = tmp_path / "o.jsonl"
+    with StubServer(lambda p, n: Reply()) as stub:
+        for extra in (["--endpoint", stub.base], ["--local"]):
+            r = batch_run(str(src), "-o", str(out), *extra, "-q")
+            assert r.returncode == 2 and "requests[1] (id 'b')" in r.stderr and '"stream": true' in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
+        assert stub.posts == []  # nothing was sent
+    assert not out.exists() and not Path(str(out) + ".partial").exists()

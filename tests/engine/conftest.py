@@ -5,35 +5,42 @@ import logging
 import pytest
 
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
-from edgellm.engine.model import LlamaModel, ModelConfig
+from edgellm.engine.core import EngineCore
+from edgellm.engine.model import ModelConfig
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.types import EngineOutput, EngineRequest, SamplingParams
 
 
 class EngineHarness:
-    """The real scheduler on the bundled model, driven step by step in this process.
+    """The real engine core on the bundled model, driven by its loop in this process.
 
     Its outputs go through the API's output processor, as in the node, so tests read whole texts.
+    Tests of the scheduler itself reach it as `engine.scheduler`.
     """
 
-    def __init__(self, scheduler: Scheduler):
-        self.scheduler = scheduler
+    def __init__(self, core: EngineCore):
+        self.core = core
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
 
     def run(self, requests: list[EngineRequest], max_steps: int = 100_000) -> dict[str, RequestOutput]:
         processor = OutputProcessor()
         outs: dict[str, RequestOutput] = {}
+
+        def deliver(o: EngineOutput) -> None:
+            done = processor.process(o)
+            if o.finished:
+                outs[o.request_id] = done
+
+        # All queued at once (not fed as the queue has room): a test may mean to overfill the queue.
         for r in requests:
             processor.add_request(r.request_id, r.sampling.stop)
-            rejected = self.scheduler.add_request(r)
+            rejected = self.core.add(r)
             if rejected is not None:
-                outs[r.request_id] = processor.process(rejected)
-        for _ in range(max_steps):
-            if not self.scheduler.has_work():
-                break
-            for o in step_when_prepared(self.scheduler):
-                done = processor.process(o)
-                if o.finished:
-                    outs[o.request_id] = done
+                deliver(rejected)
+        self.core.run_until_idle(on_output=deliver, poll_s=1.0, max_rounds=max_steps)
         return outs
 
     def one(self, request: EngineRequest) -> RequestOutput:
@@ -41,7 +48,8 @@ class EngineHarness:
 
 
 def step_when_prepared(scheduler: Scheduler) -> list[EngineOutput]:
-    """One step, once the queued requests are prepared (preparation runs off the step loop)."""
+    """One step of the scheduler itself (its own tests), once the queued requests are prepared
+    (preparation runs off the step loop)."""
     while scheduler.has_work() and not scheduler.can_step():
         scheduler.wait_prepared(1.0)
     return scheduler.step()
@@ -50,11 +58,9 @@ def step_when_prepared(scheduler: Scheduler) -> list[EngineOutput]:
 @pytest.fixture(scope="session")
 def engine(model_path):
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    model = LlamaModel(ModelConfig(path=model_path, n_ctx=8192, n_slots=8))
-    scheduler = Scheduler(model, max_waiting=16)
-    yield EngineHarness(scheduler)
-    scheduler.close()
-    model.close()
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=8192, n_slots=8), max_waiting=16)
+    yield EngineHarness(core)
+    core.close()
 
 
 def req(rid: str, content: str = "Write a short story about a robot.", guide=None, **sampling) -> EngineRequest:

@@ -465,3 +465,13 @@ def test_ctrl_c_keeps_what_finished_and_cancels_the_rest(options, tmp_path):
     reasons = [r["finish_reason"] for r in result.document["responses"]]
     assert result.interrupted and reasons[0] != "cancelled" and reasons[1:] == ["cancelled"] * 3
     assert result.failed == 3
+
+
+def test_a_duplicate_key_exits_2_naming_it(tmp_path):
+    """One strict reader for every CLI (issue 20): refused before a model is loaded, no output."""
+    src, out = tmp_path / "dup.json", tmp_path / "out.json"
+    src.write_text('{"requests": [{"messages": [{"role": "user", "content": "a", "content": "b"}]}]}')
+    r = infer("--input", str(src), "--output", str(out), "-q")
+    assert r.returncode == 2, r.stderr
+    assert "requests[0].messages[0].content: key appears more than once in its object" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()

@@ -1,7 +1,7 @@
 """A real offline Ratio1 node (naeural-core in its own venv, a local mosquitto) serving this repo's
 LLM_INFERENCE_API plugin, driven through the node's HTTP ports.
 
-One node per module (`ratio1_node`), started by `edgellm.runtime.ratio1_node` (the code behind
+One node per module (`ratio1_node`), started by `edgellm.ratio1.launcher` (the code behind
 `edgellm ratio1-node`), with four instances of the plugin in one Loopback pipeline:
 - wrapped: the default (WRAPPED, anonymous on loopback), N_SLOTS 4, N_CTX 4096;
 - raw: RESPONSE_FORMAT RAW with a short REQUEST_TTL_SECONDS (eviction of failed records);
@@ -31,7 +31,7 @@ import httpx
 import jsonschema
 import pytest
 
-from edgellm.runtime.ratio1_node import NodeOptions, Ratio1Node, free_port
+from edgellm.ratio1.launcher import NodeOptions, Ratio1Node, free_port
 from tests.process_hygiene import watch
 
 TOKEN = "ratio1-test-token-5b1f0c"

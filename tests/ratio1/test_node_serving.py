@@ -4,11 +4,14 @@ Ratio1 node (naeural-core in its own venv, a local mosquitto) and every one is a
 The node runs from a folder assembled here: this checkout's `edgellm` and `extensions/serving`, plus
 the test-only LLM_PAYLOAD_PROBE business plugin (tests/ratio1/node_serving/), which sends the
 payloads on its Loopback pipeline exactly as upstream's LLM_INFERENCE_API does and writes back what
-the serving answered. The node venv: $EDGELLM_RATIO1_VENV, else tools/ratio1_venv.sh (cached).
+the serving answered. A second pipeline runs its own serving instance with MMPROJ_PATH (a projector
+built here, tools/build_mmproj.py): images in a payload reach the model there. The node venv:
+$EDGELLM_RATIO1_VENV, else tools/ratio1_venv.sh (cached).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -17,11 +20,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import cv2
 import jsonschema
+import numpy as np
 import pytest
 
-from edgellm.runtime.ratio1_node import free_port
+from edgellm.ratio1.launcher import free_port
 from tests.process_hygiene import reap_group, spawn
+from tools.build_mmproj import build_vision_mmproj
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ["apple", "banana", "cherry", "dragonfruit", "elderberry", "fig", "grape", "honeydew"]
@@ -31,6 +37,8 @@ SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+N_EMBD = 576  # the bundled SmolLM2-135M
+IMAGE_TOKENS = 16  # (image_size 32 / patch 8)^2 with the test projector
 
 
 def _node_python() -> str:
@@ -64,7 +72,25 @@ def _payloads() -> list[dict]:
     return out
 
 
-def _node_folder(root: Path, model_path: str, mqtt_port: int) -> Path:
+def _png_url(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    ok, buf = cv2.imencode(".png", pixels)
+    assert ok
+    return f"data:image/png;base64,{base64.b64encode(buf.tobytes()).decode()}"
+
+
+def _media_payloads() -> list[dict]:
+    """The same question with and without an image, greedy: only the image's tokens tell them apart."""
+    text = {"type": "text", "text": "What is in this picture?"}
+    image = {"type": "image_url", "image_url": {"url": _png_url(1)}}
+    common = {"REQUEST_TYPE": "LLM", "TEMPERATURE": 0, "MAX_TOKENS": 8}
+    return [
+        {**common, "REQUEST_ID": "img", "MESSAGES": [{"role": "user", "content": [text, image]}]},
+        {**common, "REQUEST_ID": "txt", "MESSAGES": [{"role": "user", "content": text["text"]}]},
+    ]
+
+
+def _node_folder(root: Path, model_path: str, mqtt_port: int, mmproj_path: str) -> Path:
     (root / "config" / "pipelines").mkdir(parents=True)
     (root / "extensions" / "business" / "probe").mkdir(parents=True)
     (root / "edgellm").symlink_to(REPO / "edgellm")  # the script's folder is first on sys.path
@@ -125,9 +151,21 @@ def _node_folder(root: Path, model_path: str, mqtt_port: int) -> Path:
     }
     pipeline = {"NAME": "probe", "TYPE": "Loopback",
                 "PLUGINS": [{"SIGNATURE": "LLM_PAYLOAD_PROBE", "INSTANCES": [instance]}]}  # fmt: skip
+    # Its own serving process (MODEL_INSTANCE_ID), with a projector: the first pipeline's stays text-only.
+    media = {
+        "INSTANCE_ID": "probe_media",
+        "AI_ENGINE": "edgellm_llama_cpp",
+        "STARTUP_AI_ENGINE_PARAMS": {"MODEL_PATH": model_path, "N_SLOTS": 2, "N_CTX": 2048,
+                                     "MMPROJ_PATH": mmproj_path, "MODEL_INSTANCE_ID": "media"},
+        "PROBE_OUT": str(root / "answers_media.json"),
+        "PROBE_PAYLOADS": _media_payloads(),
+    }  # fmt: skip
+    media_pipeline = {"NAME": "probe_media", "TYPE": "Loopback",
+                      "PLUGINS": [{"SIGNATURE": "LLM_PAYLOAD_PROBE", "INSTANCES": [media]}]}  # fmt: skip
     (root / "config" / "startup.json").write_text(json.dumps(startup))
     (root / "config" / "app.json").write_text(json.dumps(app))
     (root / "config" / "pipelines" / "probe.json").write_text(json.dumps(pipeline))
+    (root / "config" / "pipelines" / "probe_media.json").write_text(json.dumps(media_pipeline))
     return root
 
 
@@ -142,15 +180,28 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
     reap_group(proc.pid)  # what the node started and left behind
 
 
+def _wait_for(out: Path, wanted: int, node: subprocess.Popen, root: Path, deadline: float) -> dict:
+    while time.monotonic() < deadline and node.poll() is None:
+        if out.is_file() and len(json.loads(out.read_text())["answers"]) >= wanted:
+            break
+        time.sleep(1)
+    if not out.is_file():
+        pytest.fail(f"no answers in {out.name} from the node in 240 s; see {root / 'node.log'}")
+    return json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
-def answers(tmp_path_factory, model_path):
+def node(tmp_path_factory, model_path):
+    """(the node's folder, the node, the test's folder with node.log, the deadline for its answers)."""
     python = _node_python()
     root = tmp_path_factory.mktemp("serving-node")
+    mmproj = root / "vision.gguf"
+    build_vision_mmproj(mmproj, n_embd_text=N_EMBD)
     port = free_port()
     conf = root / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
     broker = spawn(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    node_dir = _node_folder(root / "node", model_path, port)
+    node_dir = _node_folder(root / "node", model_path, port, str(mmproj))
     env = {**os.environ, "EE_VPN_IMPL": "true", "EE_ETH_ENABLED": "false", "EE_ID": "edgellm-serving-test",
            "EE_CONFIG": str(node_dir / "config" / "startup.json"), "EE_DAUTH_URL": "N/A", "EE_DEVICE": "cpu",
            "EE_TUNNEL_ENGINE": "none", "EE_SUPERVISOR": "false"}  # fmt: skip
@@ -158,20 +209,25 @@ def answers(tmp_path_factory, model_path):
     log = (root / "node.log").open("w")
     # Its own process group (what the node starts is in it): _stop() and the sentinel reach all of it.
     node = spawn([python, "run_node.py"], own_group=True, cwd=node_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
-    out, wanted, deadline = node_dir / "answers.json", len(_payloads()), time.monotonic() + 240
     try:
-        while time.monotonic() < deadline and node.poll() is None:
-            if out.is_file() and len(json.loads(out.read_text())["answers"]) >= wanted:
-                break
-            time.sleep(1)
-        if not out.is_file():
-            pytest.fail(f"no answers from the node in 240 s; see {root / 'node.log'}")
-        yield json.loads(out.read_text())
+        yield node_dir, node, root, time.monotonic() + 240
     finally:
         _stop(node)
         broker.terminate()
         broker.wait(10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def answers(node):
+    node_dir, proc, root, deadline = node
+    return _wait_for(node_dir / "answers.json", len(_payloads()), proc, root, deadline)
+
+
+@pytest.fixture(scope="module")
+def media_answers(node):
+    node_dir, proc, root, deadline = node
+    return _wait_for(node_dir / "answers_media.json", len(_media_payloads()), proc, root, deadline)
 
 
 def test_every_drained_payload_is_answered_with_its_own_id(answers):
@@ -193,3 +249,13 @@ def test_temperature_zero_json_schema_and_invalid_through_the_node(answers):
     bad = by_id["bad-temp"]
     assert (bad["IS_VALID"], bad["STATUS_CODE"], bad["ERROR_TYPE"]) == (False, 400, "invalid_request")
     assert "temperature must be in [0, 1.5], got 9" in bad["ERROR"]
+
+
+def test_an_image_reaches_the_model_through_the_serving(media_answers):
+    """MMPROJ_PATH attaches the projector in the serving (EngineCore builds it, as in the node's worker):
+    the image is encoded and its tokens count in the prompt."""
+    by_id = {a["REQUEST_ID"]: a for a in media_answers["answers"] if a.get("REQUEST_ID")}
+    img, txt = by_id["img"], by_id["txt"]
+    assert img["IS_VALID"] is True and txt["IS_VALID"] is True, (img.get("ERROR"), txt.get("ERROR"))
+    img_usage, txt_usage = img["FULL_OUTPUT"][0]["usage"], txt["FULL_OUTPUT"][0]["usage"]
+    assert img_usage["prompt_tokens"] == txt_usage["prompt_tokens"] + IMAGE_TOKENS

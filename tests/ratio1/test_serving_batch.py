@@ -12,8 +12,8 @@ import pytest
 from edgellm.api.node_payloads import answer_outcome, payload_body, run_payloads
 from edgellm.api.output_processor import OutputProcessor
 from edgellm.api.registry import RequestStatus
-from edgellm.engine.model import LlamaModel, ModelConfig
-from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.core import EngineCore
+from edgellm.engine.model import ModelConfig
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -22,11 +22,9 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def engine(model_path):
     """4 slots and room for 2 waiting: a drain of 8+ payloads must be fed to the scheduler in turns."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    model = LlamaModel(ModelConfig(path=model_path, n_ctx=4096, n_slots=4))
-    scheduler = Scheduler(model, max_waiting=2)
-    yield scheduler, OutputProcessor()
-    scheduler.close()
-    model.close()
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=4096, n_slots=4), max_waiting=2)
+    yield core, OutputProcessor()
+    core.close()
 
 
 def run(engine, payloads):

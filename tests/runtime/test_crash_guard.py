@@ -209,7 +209,7 @@ def test_the_child_imports_what_the_parent_imported(tmp_path):
     (cwd / "edgellm" / "__init__.py").write_text('raise SystemExit("SHADOWED")\n')
     script = tmp_path / "bin" / "edgellm-cli.py"  # as a console script: its folder is sys.path[0]
     script.parent.mkdir()
-    script.write_text("import sys\nfrom edgellm.runtime.cli import main\nsys.exit(main())\n")
+    script.write_text("import sys\nfrom edgellm.cli import main\nsys.exit(main())\n")
     r = subprocess.run(
         [sys.executable, str(script), "infer", "--input", "missing.json", "--output", "o.json"],
         capture_output=True,

@@ -67,6 +67,7 @@ class Tally:
     hangs: list[str] = field(default_factory=list)
     bad_bodies: list[str] = field(default_factory=list)
     accepted_ids: list[str] = field(default_factory=list)
+    shapes: Counter = field(default_factory=Counter)  # documented shapes the seed routes were sent
 
     def out_of_time(self) -> bool:
         if time.monotonic() > self.deadline:
@@ -81,7 +82,7 @@ class Tally:
         return (
             f"fuzz summary: operations={len(self.operations)} examples={self.examples} "
             f"5xx={len(self.server_errors)} hangs={len(self.hangs)} bad_bodies={len(self.bad_bodies)} "
-            f"skipped_past_cap={self.skipped} wall={wall_s:.0f}s"
+            f"skipped_past_cap={self.skipped} shapes={dict(self.shapes)} wall={wall_s:.0f}s"
         )
 
     def breakdown(self) -> str:
@@ -105,6 +106,18 @@ def small(body: Any, top: bool = True) -> Any:
     if top and isinstance(body.get("extras"), dict):
         body["extras"] = small(body["extras"], top=False)
     return body
+
+
+def note_shapes(tally: Tally, body: Any) -> None:
+    """Count the bodies that carry a content-part array or a structural tag (the document describes both)."""
+    if not isinstance(body, dict):
+        return
+    messages = body.get("messages")
+    if isinstance(messages, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in messages):
+        tally.shapes["content_parts"] += 1
+    guide = body.get("guided_decoding")
+    if isinstance(guide, dict) and isinstance(guide.get("structural_tag"), dict):
+        tally.shapes["structural_tag"] += 1
 
 
 def count(tally: Tally, label: str, status: int | str) -> None:
@@ -176,6 +189,7 @@ def fuzz_operation(tally: Tally, operation, mode: GenerationMode, base: str, ses
             return
         if case.path in CHAT_PATHS and case.body is not NOT_SET:
             case.body = small(case.body)
+            note_shapes(tally, case.body)
         tally.examples += 1
         try:
             r = case.call(base_url=base, session=session, headers=HEADERS, timeout=(5, HTTP_TIMEOUT_S))
@@ -426,6 +440,12 @@ def test_fuzz_openapi_no_5xx_no_hang(node, capsys):
     tally = Tally(deadline=started + TIME_CAP_S)
     session = requests.Session()
 
+    # The document describes content-part arrays and structural tags (api/fields.py), so they are fuzzed too.
+    components = httpx.get(node.base + "/openapi.json", timeout=10).json()["components"]["schemas"]
+    content = components["MessageBody"]["properties"]["content"]["anyOf"]
+    assert any(c.get("type") == "array" for c in content), content
+    assert "structural_tag" in components["GuidedDecodingBody"]["properties"]
+
     operations = [result.ok() for result in schema.get_all_operations()]
     paths = {op.path for op in operations}
     assert {"/predict", "/predict_async", "/request_status", "/health", "/v1/models"} <= paths
@@ -455,6 +475,8 @@ def test_fuzz_openapi_no_5xx_no_hang(node, capsys):
     with capsys.disabled():
         print("\n" + line + "\n" + tally.breakdown())
     failures = tally.failures() + restarted
+    if not tally.skipped:  # every example was sent: the documented shapes were among them
+        assert tally.shapes["content_parts"] and tally.shapes["structural_tag"], tally.shapes
     assert health.status_code == 200, health.text
     assert not failures, line + "\n" + "\n".join(failures[:20]) + "\n--- node log ---\n" + node.log()
     if tally.skipped:  # a slow machine sends fewer examples; what was sent passed

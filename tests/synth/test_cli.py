@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from edgellm.runtime.cli import main
+from edgellm.cli import main
 from edgellm.synth.journal import journal_path, open_output
 from edgellm.synth.schema import schema_hash
 from tests.nodeproc import free_port
@@ -70,3 +70,12 @@ def test_an_output_of_another_schema_or_not_ours_exits_2(capsys, tmp_path, schem
     rc, err = run(capsys, *base(tmp_path, schema_file), "--count", "1", "-q")
     assert rc == 2 and "has no journal" in err
     assert out.read_text() == '{"a": "mine"}\n'
+
+
+def test_a_duplicate_key_in_the_schema_exits_2_naming_it(capsys, tmp_path):
+    """One strict reader for every CLI (issue 20): the schema file's duplicate key is refused, named."""
+    schema = tmp_path / "dup.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "string", "type": "integer"}}}')
+    rc, err = run(capsys, *base(tmp_path, schema), "--count", "1", "-q")
+    assert rc == 2 and 'duplicate key "type"' in err and "properties.a" in err, err
+    assert not (tmp_path / "o.jsonl").exists()

@@ -9,7 +9,6 @@ fields the plugin sends in its payloads. Nothing here imports naeural_core: it i
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import requests
 
+from edgellm import jsonsafe
 from edgellm.synth.generator import SynthOptions, SynthProgress, SynthSummary, generate
 from edgellm.synth.schema import SynthInputError, check_schema
 
@@ -49,9 +49,10 @@ def options_from_config(config: dict[str, Any]) -> tuple[dict[str, Any], SynthOp
         raise SynthInputError("SCHEMA is required (a JSON schema object)")
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise SynthInputError(f"SCHEMA is a string but not JSON ({exc})") from None
+            schema = jsonsafe.loads(schema)
+        except jsonsafe.JSONProblem as exc:
+            where = jsonsafe.json_path(exc.parts, relative=True)
+            raise SynthInputError(f"SCHEMA is a string but not JSON: SCHEMA{where} {exc.problem}") from None
     check_schema(schema, where="SCHEMA")
     port = cfg["API_PORT"]
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:

@@ -1,5 +1,8 @@
 """`edgellm infer`: arguments, progress bar, files and exit codes over infer.runner.
 
+The command layer (beside edgellm/cli.py, not in edgellm/infer/): it reads the node's settings and
+runs the crash guard, both of the runtime, and hands infer.runner only the InferOptions they give.
+
 Exit codes: 0 every request ok, 1 some request failed (the output file is complete), 2 unusable
 input (nothing run, no output written), 3 the engine crashed (a native fault, e.g. SIGSEGV: one line
 says where and what to do; the requests that finished are in the output, the others failed with the

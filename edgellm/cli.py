@@ -188,9 +188,17 @@ def _batch_run(args: argparse.Namespace) -> int:
 
         def transport():  # made by run_batch once the journal is checked, only if something is left to run
             from edgellm.batch.local import LocalTransport
+            from edgellm.runtime.app import service_config
 
             try:
-                return LocalTransport(settings, override_model=args.model is not None, on_phase=phase, total=len(batch))
+                return LocalTransport(
+                    settings.model(),
+                    service_config(settings),
+                    settings.body_limit(),
+                    override_model=args.model is not None,
+                    on_phase=phase,
+                    total=len(batch),
+                )
             except EdgeLLMError as exc:
                 raise BatchInputError(f"the local engine did not start: {exc.message}") from None
 
@@ -256,7 +264,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _ratio1_node(args: argparse.Namespace) -> int:
-    from edgellm.runtime.ratio1_node import run
+    from edgellm.ratio1.launcher import run
 
     return run(args.venv, args.port, args.workdir, args.mqtt_port, args.pipelines)
 
@@ -353,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer = sub.add_parser(
         "infer", help="run a TensorRT-Edge-LLM input JSON on the local engine (no server) -> output JSON"
     )
-    from edgellm.infer.cli import add_infer_arguments, run_infer_command
+    from edgellm.cli_infer import add_infer_arguments, run_infer_command
 
     add_infer_arguments(infer)
     infer.set_defaults(func=run_infer_command)

@@ -1,0 +1,93 @@
+"""`ChatRequest`: a validated request, what the registry stores and the engine request is built from.
+
+Its defaults are the field table's (api/fields.py), and `sampling()` builds the engine's
+SamplingParams from the table's `sampling` fields, so neither can drift from what validation enforces.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from edgellm.api.fields import FIELDS, SAMPLING_PARAM_FIELDS
+from edgellm.engine.types import GuideKind, GuideSpec, SamplingParams
+from edgellm.media.parts import has_media
+from edgellm.media.types import MediaInput
+
+
+def _default(name: str) -> Any:
+    return FIELDS[name].default
+
+
+class ChatRequest(BaseModel):
+    """A validated request: what the registry stores and the engine request is built from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # content: a string, or (with images/audio) the parts of edgellm/media/parts.py's stored form
+    messages: list[dict[str, Any]]
+    temperature: float = _default("temperature")
+    max_tokens: int = _default("max_tokens")
+    top_p: float = _default("top_p")
+    top_k: int = _default("top_k")
+    min_p: float = _default("min_p")
+    repeat_penalty: float = _default("repeat_penalty")
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    num_logprobs: int = _default("num_logprobs")
+    presence_penalty: float = _default("presence_penalty")
+    frequency_penalty: float = _default("frequency_penalty")
+    guide: GuideSpec | None = None
+    response_format: dict[str, Any] | None = None  # normalised form, echoed by return_full
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    request_id: str | None = None
+    timeout: float = _default("timeout")
+    disable_spec_decode: bool = _default("disable_spec_decode")  # no speculative drafts (same output)
+    n: int = _default("n")  # samples of the prompt, sharing its prefill; sample i draws with seed + i
+    # Set by the OpenAI route: structured output cut by max_tokens is a 200 with finish "length" there.
+    cut_structure_ok: bool = False
+
+    # The media of `messages`, fetched and decoded (not stored: a recovered request loads them again)
+    # as the engine takes them: messages whose parts refer to `media` by index.
+    _loaded: tuple[list[dict[str, Any]], list[MediaInput]] | None = PrivateAttr(default=None)
+
+    @property
+    def has_media(self) -> bool:
+        return any(has_media(m.get("content")) for m in self.messages)
+
+    def with_media(self, messages: list[dict[str, Any]], media: list[MediaInput]) -> ChatRequest:
+        self._loaded = (messages, media)
+        return self
+
+    def engine_messages(self) -> tuple[list[dict[str, Any]], list[MediaInput]]:
+        if self._loaded is not None:
+            return self._loaded
+        if self.has_media:
+            raise RuntimeError("the request's media were not loaded (load_content) before dispatch")
+        return self.messages, []
+
+    def sampling(self, seed: int) -> SamplingParams:
+        """The engine's parameters: every `sampling` field of the table under its own name (copied: the
+        engine must not share this frozen request's lists), and the seed drawn for this request."""
+        values = {name: copy.copy(getattr(self, name)) for name in SAMPLING_PARAM_FIELDS}
+        return SamplingParams(seed=seed, **values)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], metadata: dict[str, Any]) -> ChatRequest:
+        """The inverse of params_dict: a stored request, ready to run again after a restart."""
+        data = {k: v for k, v in params.items() if k != "guided_decoding"}
+        data["logit_bias"] = {int(k): v for k, v in (params.get("logit_bias") or {}).items()}
+        if params.get("guided_decoding"):
+            kind, spec = next(iter(params["guided_decoding"].items()))
+            data["guide"] = GuideSpec(GuideKind(kind), spec)
+        return cls.model_validate({**data, "metadata": metadata})
+
+    def params_dict(self) -> dict[str, Any]:
+        """The normalised request as JSON-friendly data (for the registry and return_full)."""
+        data = self.model_dump(exclude={"guide", "metadata"})
+        data["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        data["guided_decoding"] = {self.guide.kind.value: self.guide.spec} if self.guide else None
+        return data

@@ -1,0 +1,104 @@
+"""What a request is before the service registers it: the node's limits (ServiceConfig), the checks
+only the engine's facts decide, media loading, and the EngineRequest it is sent as.
+
+Used by the Service and, without a service or an event loop, by `edgellm batch-run --local`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
+from edgellm.api.validation import (
+    MAX_COMPLETION_TOKENS,
+    MAX_MESSAGES,
+    MAX_PROMPT_BYTES,
+    MIN_COMPLETION_TOKENS,
+    TEMPERATURE_MAX,
+    TEMPERATURE_MIN,
+    ChatRequest,
+)
+from edgellm.engine.guide_llguidance import grammar_for
+from edgellm.engine.types import EngineRequest
+from edgellm.errors import InvalidRequest
+from edgellm.media.limits import MediaLimits, MediaSources
+from edgellm.media.loading import load_content
+from edgellm.media.types import MediaCaps
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    model_name: str
+    default_timeout_s: float = 600.0
+    max_timeout_s: float = 3600.0
+    max_queued: int = 64
+    max_messages: int = MAX_MESSAGES
+    max_prompt_bytes: int = MAX_PROMPT_BYTES
+    temperature_min: float = TEMPERATURE_MIN
+    temperature_max: float = TEMPERATURE_MAX
+    min_completion_tokens: int = MIN_COMPLETION_TOKENS  # the seed endpoints' floor; OpenAI's is 1
+    max_completion_tokens: int = MAX_COMPLETION_TOKENS
+    media_sources: MediaSources = MediaSources()  # where image/audio references may point
+    media_limits: MediaLimits = MediaLimits()
+
+    def limits(self) -> dict[str, Any]:
+        """The keyword arguments of parse_chat_request / parse_openai_request for this node."""
+        return {
+            "default_timeout": self.default_timeout_s,
+            "max_timeout": self.max_timeout_s,
+            "max_messages": self.max_messages,
+            "max_prompt_bytes": self.max_prompt_bytes,
+            "min_temperature": self.temperature_min,
+            "max_temperature": self.temperature_max,
+            "min_max_tokens": self.min_completion_tokens,
+            "max_max_tokens": self.max_completion_tokens,
+        }
+
+
+def check_vocabulary(request: ChatRequest, n_vocab: int | None) -> None:
+    """logit_bias token ids must be in the model's vocabulary (when it is known): a 400, not a failure mid-run."""
+    if n_vocab and request.logit_bias:
+        bad = [t for t in request.logit_bias if t >= n_vocab]
+        if bad:
+            raise InvalidRequest(
+                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {n_vocab - 1}]", param="logit_bias"
+            )
+
+
+def parse_openai_now(body: Any, config: ServiceConfig, n_vocab: int | None) -> tuple[ChatRequest, OpenAIOptions]:
+    """`Service.parse_openai` without a service or an event loop (`edgellm batch-run --local`): the same
+    rules in the same order (body, then the guide compiles, then the vocabulary), the same errors."""
+    request, opts = parse_openai_request(body, config.model_name, **config.limits())
+    if request.guide is not None:
+        grammar_for(request.guide)
+    check_vocabulary(request, n_vocab)
+    return request, opts
+
+
+def load_media(request: ChatRequest, config: ServiceConfig, caps: MediaCaps | None) -> ChatRequest:
+    """Fetch and decode the request's images/audio (blocking I/O and decoding: run it off the event loop).
+    Raises MediaError (400/413) for anything wrong with them."""
+    if request.has_media:
+        messages, media = load_content(request.messages, caps, config.media_sources, config.media_limits)
+        request.with_media(messages, media)
+    return request
+
+
+def engine_request(
+    request_id: str, request: ChatRequest, seed: int, *, created_at: float, stream: bool = False
+) -> EngineRequest:
+    """What the engine is sent for a validated request; its deadline counts from `created_at`."""
+    messages, media = request.engine_messages()
+    return EngineRequest(
+        request_id=request_id,
+        messages=messages,
+        media=media,
+        sampling=request.sampling(seed),
+        guide=request.guide,
+        deadline=created_at + request.timeout,
+        stream=stream,
+        speculative=not request.disable_spec_decode,
+        cut_structure_ok=request.cut_structure_ok,
+        n=request.n,
+    )

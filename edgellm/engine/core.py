@@ -1,0 +1,196 @@
+"""The engine core: one model, its projector and its scheduler, built once, stepped by one loop.
+
+Every way the engine runs goes through this class (vLLM v1's EngineCore, reduced): the worker process
+(runtime/worker.py: drain the pipe, `step()`), the in-process engine (offline.py: `infer`,
+`batch-run --local`, the engine tests) and the Ratio1 serving plugin (api/node_payloads.py over
+`run_until_idle`). So a projector configured is a projector attached everywhere, and the step loop
+that feeds requests as the queue has room, sleeps while prompts are still being prepared and reports
+what is decoding is written once, here.
+
+LoRA adapters need nothing at build time: the scheduler loads each on the first request that names
+it (engine/lora.py's AdapterCache) and frees them in `close()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterable
+from itertools import islice
+
+from edgellm.engine.config import ModelConfig
+from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
+from edgellm.engine.model import LlamaModel
+from edgellm.engine.projector import attach_projector
+from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.self_test import SelfTest
+from edgellm.engine.slot import SlotState
+from edgellm.engine.types import EngineOutput, EngineRequest
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Owns the model and its scheduler. Not thread-safe: one thread drives it."""
+
+    def __init__(self, config: ModelConfig, *, max_waiting: int = 64):
+        self.config = config
+        self.max_waiting = max_waiting
+        self.model = LlamaModel(config)
+        try:
+            self.scheduler = self._new_scheduler()
+        except BaseException:
+            self.model.close()
+            raise
+        self.warmup_ms = 0.0
+        self.self_test: dict | None = None
+
+    def _new_scheduler(self) -> Scheduler:
+        """The scheduler, with the configured projector attached (the scheduler closes it with itself)."""
+        projector, projector_error = attach_projector(
+            self.config.mmproj_path,
+            self.config.path,
+            self.model.model,
+            n_threads=self.model.n_threads,
+            use_gpu=self.model.offload.device == "gpu",
+        )
+        return Scheduler(self.model, max_waiting=self.max_waiting, projector=projector, projector_error=projector_error)
+
+    def rebuild_scheduler(self) -> None:
+        """A fresh scheduler (and projector) on the same model: after a failure left requests that
+        could not be cleared (the serving plugin's last resort)."""
+        self.scheduler.close()
+        self.scheduler = self._new_scheduler()
+
+    # -- requests ----------------------------------------------------------------------------
+    def add(self, request: EngineRequest) -> EngineOutput | None:
+        """Queue a request; an immediate final output when it cannot be accepted (queue full)."""
+        return self.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    def has_room(self) -> bool:
+        return len(self.scheduler.waiting) < self.scheduler.max_waiting
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def can_step(self) -> bool:
+        return self.scheduler.can_step()
+
+    def step(self) -> list[EngineOutput]:
+        return self.scheduler.step()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run_until_idle(
+        self,
+        pending: Iterable[EngineRequest] = (),
+        *,
+        on_output: Callable[[EngineOutput], None],
+        on_admit: Callable[[EngineRequest], None] | None = None,
+        on_decoding: Callable[[tuple[str, ...]], None] | None = None,
+        after_step: Callable[[], None] | None = None,
+        poll_s: float = 0.05,
+        max_rounds: int | None = None,
+    ) -> bool:
+        """Step until `pending` is fed and the scheduler has nothing left; True when it is idle.
+
+        `pending` is fed as the queue has room (a file of 10 000 requests does not hold 10 000 prompts
+        in preparation at once); `on_admit(request)` runs just before each is queued, `on_output` for
+        every output (a refusal included). While only prompts in preparation are left, it sleeps on
+        the oldest for up to `poll_s`. `on_decoding(ids)` runs before a step whenever the requests it
+        decodes change (see decoding()): a native crash kills the process inside llama_decode, so the
+        crash-guarded commands record beforehand which requests were in it. `max_rounds` bounds the
+        loop (a clean-up after a failure must not spin forever); False when it ran out first.
+        """
+        queue = pending if isinstance(pending, deque) else deque(pending)  # a deque is fed live: submit() may add
+        decoding: tuple[str, ...] = ()
+        rounds = 0
+        while queue or self.scheduler.has_work():
+            if max_rounds is not None and rounds >= max_rounds:
+                return False
+            rounds += 1
+            while queue and self.has_room():
+                request = queue.popleft()
+                if on_admit is not None:
+                    on_admit(request)
+                refused = self.add(request)
+                if refused is not None:
+                    on_output(refused)
+            if not self.scheduler.can_step():
+                self.scheduler.wait_prepared(poll_s)
+                continue
+            if on_decoding is not None:
+                now = self.decoding()
+                if now and now != decoding:  # only on a change: steps come every few milliseconds
+                    decoding = now
+                    on_decoding(now)
+            for out in self.step():
+                on_output(out)
+            if after_step is not None:
+                after_step()
+        return True
+
+    def decoding(self) -> tuple[str, ...]:
+        """The request ids the next step decodes, as far as can be told before it runs: those in a slot,
+        then the prepared ones waiting that the idle slots admit (first come, first served, as
+        Scheduler._admit does; a LoRA switch or a sample of an n > 1 request can make it admit fewer)."""
+        slots = self.scheduler.slots
+        busy = [s.request_id for s in slots if s.state is not SlotState.IDLE]
+        idle = len(slots) - len(busy)
+        ready = (p.request.request_id for p in self.scheduler.waiting if p.ready and p.future.exception() is None)
+        return tuple(dict.fromkeys([*busy, *islice(ready, idle)]))
+
+    # -- start-up ----------------------------------------------------------------------------
+    def warm_up(self) -> EngineInfo:
+        """The self-test (engine/self_test.py): several ~64-token prompts decoded together and sampled,
+        so a broken kernel fails here, before the engine is offered, not on a client's first request;
+        it also pays the lazy init. Its outputs never leave the core. Raises SelfTestFailed."""
+        test = SelfTest(self.model, self.scheduler.max_waiting)
+        for request in test.requests:
+            test.refused(self.add(request))
+        # All prepared before the first step, so that the first step prefills them in one batch.
+        self.scheduler.wait_all_prepared(60.0)
+        self.run_until_idle(on_output=test.on_output, after_step=lambda: test.after_step(self.scheduler.slots))
+        result = test.result()
+        self.warmup_ms, self.self_test = result.ms, result.as_dict()
+        return self.info
+
+    # -- what it tells -----------------------------------------------------------------------
+    @property
+    def info(self) -> EngineInfo:
+        model = self.model
+        return EngineInfo(
+            model_name=model.name,
+            model_path=self.config.path,
+            n_slots=model.n_slots,
+            slot_ctx=model.slot_ctx,
+            n_ctx=model.slot_ctx * model.n_slots,
+            n_threads=model.n_threads,
+            n_vocab=model.n_vocab,
+            offload={**dataclasses.asdict(model.offload), "device": model.offload.device},
+            warmup_ms=round(self.warmup_ms, 1),
+            self_test=self.self_test,
+            media=self.scheduler.media_caps(),
+            pid=os.getpid(),
+        )
+
+    @property
+    def stats(self) -> EngineStats:
+        steps = self.scheduler.stats
+        return EngineStats(
+            EngineLoad(**self.scheduler.load()), dataclasses.replace(steps, finished=dict(steps.finished))
+        )
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.model.close()
+
+    def __enter__(self) -> EngineCore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

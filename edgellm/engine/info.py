@@ -1,0 +1,52 @@
+"""What the engine tells about itself: plain data, importable without llama.cpp.
+
+`EngineInfo` is fixed once the engine is built (READY carries it from the worker); `EngineStats` is
+the load and the step counters at one moment (each PONG carries one). Both cross the process
+boundary as they are (pickled) and reach /health, /status and /metrics through `as_dict()`, whose
+keys are the wire format those routes and their tests read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgellm.engine.stats import StepStats
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_name: str
+    model_path: str
+    n_slots: int
+    slot_ctx: int
+    n_ctx: int
+    n_threads: int
+    n_vocab: int
+    offload: dict[str, Any]  # OffloadInfo's fields plus "device"
+    warmup_ms: float  # of the self-test; 0.0 when it did not run (an in-process engine)
+    self_test: dict[str, Any] | None  # SelfTestResult.as_dict(); None when it did not run
+    media: dict[str, Any]  # MediaCaps.to_dict() plus "error": why a configured projector is not in use
+    pid: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    slots_total: int
+    slots_busy: int
+    waiting: int  # queued requests plus unstarted samples of n > 1 requests
+    n_threads: int
+    thread_switches: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    load: EngineLoad
+    steps: StepStats = field(default_factory=StepStats)  # a copy: the live counters go on changing
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self.load), **self.steps.as_dict()}

@@ -1,0 +1,86 @@
+"""One strict JSON reader on every route (issue 20, item 4) and a client hanging up mid-body (issue 20's
+probe): against a real node."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from tests.nodeproc import NodeProcess
+
+JSON = {"content-type": "application/json"}
+POST_ROUTES = (
+    "/predict",
+    "/predict_async",
+    "/create_chat_completion",
+    "/create_chat_completion_async",
+    "/v1/chat/completions",
+    "/console/api/check",
+    "/console/api/validate",
+)
+DISCONNECT_LINE = "client disconnected mid-body"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    proc = NodeProcess(tmp_path_factory.mktemp("strict")).start()
+    yield proc
+    proc.stop()
+
+
+def _full_log(node: NodeProcess) -> str:
+    return node.log_path.read_text(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_duplicate_key_is_a_400_naming_it_on_the_chat_and_openai_routes(node):
+    """On the previous main the last value won silently: a proxy reading the first saw another request."""
+    model = node.client().get("/v1/models").json()["data"][0]["id"]
+    cases = [
+        ("/predict", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "max_tokens": 4096}'),
+        ("/create_chat_completion", b'{"messages": [{"role": "user", "role": "system", "content": "hi"}]}'),
+        (
+            "/v1/chat/completions",
+            b'{"model": "' + model.encode() + b'", "messages": [{"role": "user", "content": "hi"}], '
+            b'"temperature": 0, "temperature": 1}',
+        ),
+    ]
+    with node.client() as c:
+        for path, raw in cases:
+            r = c.post(path, content=raw, headers=JSON)
+            assert r.status_code == 400, (path, r.text[:300])
+            body = r.json()
+            message = body["error"]["message"] if path.startswith("/v1/") else body["result"]["error"]
+            key = {"/predict": "max_tokens", "/create_chat_completion": "role"}.get(path, "temperature")
+            assert f'duplicate key "{key}"' in message, message
+        assert c.get("/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_a_client_hanging_up_mid_body_is_one_info_line(node):
+    """On the previous main each of these logged two tracebacks (~67 lines, starlette ClientDisconnect)."""
+    before = _full_log(node)
+    for path in POST_ROUTES:
+        sock = socket.create_connection(("127.0.0.1", node.port))
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 500\r\n\r\n".encode()
+            + b'{"messages":'  # 12 of the 500 bytes
+        )
+        time.sleep(0.2)  # the route is reading the body when the connection goes
+        sock.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        new = _full_log(node)[len(before) :]
+        if new.count(DISCONNECT_LINE) >= len(POST_ROUTES):
+            break
+        time.sleep(0.2)
+    lines = [ln for ln in new.splitlines() if ln.strip()]
+    assert sum(DISCONNECT_LINE in ln for ln in lines) == len(POST_ROUTES), new[-3000:]
+    assert "Traceback" not in new and "ClientDisconnect" not in new, new[-3000:]
+    # Nothing else per disconnect: at most one line each besides ours (an access-log line, if any).
+    assert len(lines) <= 2 * len(POST_ROUTES), new[-3000:]
+    with node.client() as c:
+        assert c.get("/health").status_code == 200
