@@ -37,15 +37,6 @@ _AUDIO_CHUNK_FRAMES = 65536
 _MAX_JPEG_SCANS = 100
 
 
-def sniff_kind(data: bytes) -> str | None:
-    """ "image" or "audio" from the magic bytes (for a clear error when a part carries the other kind)."""
-    if _image_format(data) is not None:
-        return "image"
-    if _audio_format(data) is not None:
-        return "audio"
-    return None
-
-
 # --- images -------------------------------------------------------------------------------------------
 
 

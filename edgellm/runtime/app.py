@@ -156,7 +156,7 @@ def create_app(
         engine = WorkerEngine(
             worker,
             service.on_engine_outputs,
-            on_retry=registry.bump_attempts,
+            requests=service.requests,  # its in-flight work is each request's Delivery in the one table
             start_attempts=settings.engine_start_attempts,
             start_backoff_s=settings.engine_start_backoff_s,
             on_start_attempt=on_start_attempt,

@@ -20,9 +20,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from edgellm.api.request_state import Delivery, RequestTable
 from edgellm.compat import StrEnum
 from edgellm.engine.info import EngineInfo
 from edgellm.engine.types import EngineOutput, EngineRequest
@@ -84,14 +84,6 @@ class EngineState(StrEnum):
     STOPPED = "stopped"
 
 
-@dataclass
-class _InFlight:
-    request: EngineRequest
-    attempts: int = 1
-    streamed: bool = False  # deltas already left: a retry would repeat them
-    sent: bool = True  # False until a worker has it (arrived during a (re)start, or the send failed)
-
-
 class WorkerEngine:
     """The worker client of engine/interface.EngineClient: the engine core in its own process."""
 
@@ -101,7 +93,7 @@ class WorkerEngine:
         on_output: Callable[[list[EngineOutput]], None],
         *,
         ready_timeout_s: float = 300.0,
-        on_retry: Callable[[str], None] | None = None,
+        requests: RequestTable | None = None,
         ping_interval_s: float = 2.0,
         hang_timeout_s: float = 60.0,
         start_attempts: int = 3,
@@ -111,7 +103,9 @@ class WorkerEngine:
     ):
         self.config = config
         self.on_output = on_output
-        self.on_retry = on_retry  # told when a request is sent again after a crash (the registry counts it)
+        # The work in flight is each request's Delivery in the API's one RequestState table (its
+        # on_retry writes a re-send to the registry); a table of its own when used alone (tests, tools).
+        self.requests = requests if requests is not None else RequestTable()
         # Told (status line, the most seconds the attempt and the wait after it can take) as each attempt
         # to start or restart a worker begins: serve extends systemd's start timeout with it (sdnotify).
         self.on_start_attempt = on_start_attempt
@@ -132,7 +126,6 @@ class WorkerEngine:
         self.phase: str | None = None
         self.attempt = 0  # of the start in progress (or of the restart after a crash)
         self._starting: mp.process.BaseProcess | None = None  # a worker not READY yet
-        self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.RLock()
         self._send_lock = threading.Lock()
         self._ctx = mp.get_context("spawn")
@@ -235,8 +228,6 @@ class WorkerEngine:
             log.warning(
                 "re-sending request %s to the restarted engine (attempt %d)", entry.request.request_id, entry.attempts
             )
-            if self.on_retry is not None:
-                self.on_retry(entry.request.request_id)
         if lost:
             self.on_output(
                 [
@@ -251,24 +242,24 @@ class WorkerEngine:
                 ]
             )
 
-    def _plan_resend(self) -> tuple[list[_InFlight], list[_InFlight], list[_InFlight]]:
+    def _plan_resend(self) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
         """(to send, of which retries, given up) for the work in flight when a worker becomes ready.
 
         A request never delivered to a worker is a first run; one that was in a worker that died is
         retried once, unless its deltas already reached the client.
         """
-        resend: list[_InFlight] = []
-        retried: list[_InFlight] = []
-        lost: list[_InFlight] = []
-        for rid, entry in list(self._inflight.items()):
+        resend: list[Delivery] = []
+        retried: list[Delivery] = []
+        lost: list[Delivery] = []
+        for entry in self.requests.deliveries():  # in submission order
             if not entry.sent:
                 entry.sent = True
                 resend.append(entry)
             elif entry.attempts >= MAX_ATTEMPTS or entry.streamed:
-                del self._inflight[rid]
+                self.requests.delivered(entry.request.request_id)
                 lost.append(entry)
             else:
-                entry.attempts += 1
+                self.requests.retried(entry)  # one attempt more, here and in the registry
                 resend.append(entry)
                 retried.append(entry)
         return resend, retried, lost
@@ -346,7 +337,7 @@ class WorkerEngine:
             failed = self.state is EngineState.FAILED  # it passed the service's check as the last restart failed
             if not failed:
                 ready = self.state is EngineState.READY
-                entry = self._inflight[request.request_id] = _InFlight(request, sent=ready)
+                entry = self.requests.track(request, sent=ready)
                 if not ready:
                     return  # sent when the (re)start completes
         if failed:  # no worker will come: an answer now, not a wait until the request's timeout
@@ -358,7 +349,7 @@ class WorkerEngine:
                 entry.sent = False  # never delivered: the next worker runs it as a first attempt
 
     def in_flight(self) -> int:
-        return len(self._inflight)
+        return self.requests.in_delivery()
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -398,8 +389,8 @@ class WorkerEngine:
         with self._lock:
             for out in outs:
                 if out.finished:
-                    self._inflight.pop(out.request_id, None)
-                elif (entry := self._inflight.get(out.request_id)) is not None:
+                    self.requests.delivered(out.request_id)
+                elif (entry := self.requests.delivery(out.request_id)) is not None:
                     entry.streamed = True
         try:
             self.on_output(outs)
@@ -438,7 +429,7 @@ class WorkerEngine:
             conn.close()  # else each restart leaks the old pipe's descriptor
         if proc is not None and proc.exitcode is not None:
             proc.close()  # and the dead process's sentinel
-        log.error("%s; %d request(s) in flight; restarting", crash, len(self._inflight))
+        log.error("%s; %d request(s) in flight; restarting", crash, self.requests.in_delivery())
         backoff = self.start_backoff_s
         for attempt in range(1, self.start_attempts + 1):
             self.attempt = attempt
@@ -479,7 +470,7 @@ class WorkerEngine:
 
     def _fail_inflight(self, why: str) -> None:
         with self._lock:
-            entries, self._inflight = list(self._inflight.values()), {}
+            entries = self.requests.take_deliveries()
         if entries:
             self.on_output([EngineOutput.failure(e.request.request_id, why, "engine_error") for e in entries])
 
@@ -496,7 +487,7 @@ class WorkerEngine:
             "worker_alive": alive,
             "restarts": self.restarts,
             "last_error": self.last_error,
-            "in_flight": len(self._inflight),
+            "in_flight": self.requests.in_delivery(),
             "phase": self.phase,
             "attempt": self.attempt,
             # the bound of a start, and of the restarts after a crash

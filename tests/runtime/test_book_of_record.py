@@ -107,7 +107,12 @@ def test_restart_recovery_leaves_requests_of_the_new_boot_alone(tmp_path):
 def _ipc_descriptors(pid: int) -> int:
     """Pipes and Unix sockets held by a process: the worker pipe and process sentinels, not HTTP sockets."""
     unix = {line.split()[6] for line in open("/proc/net/unix").read().splitlines()[1:] if len(line.split()) > 6}
-    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:  # closed between the listing and the read (a thread's short-lived fd)
+            pass
     return sum(1 for link in links if link.startswith("pipe:") or link[8:-1] in unix)
 
 
