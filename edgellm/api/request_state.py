@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from edgellm.api.output_processor import TextState
     from edgellm.api.results import Outcome
     from edgellm.engine.types import EngineRequest
+
+log = logging.getLogger("edgellm.requests")
 
 OWNER_SEP = "@"
 
@@ -193,5 +196,8 @@ class RequestTable:
         """A delivery sent again after a worker crash: one attempt more, here and in the registry."""
         delivery.attempts += 1
         if self.on_retry is not None:
-            self.on_retry(delivery.request.request_id)
+            try:  # called while a worker restarts: a registry failure must not fail the restart
+                self.on_retry(delivery.request.request_id)
+            except Exception:
+                log.exception("could not record the retry of %s", delivery.request.request_id)
         return delivery.attempts
