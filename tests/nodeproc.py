@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -145,3 +146,31 @@ def default_sigint() -> None:
     """Popen preexec_fn: a test run started in the background (nohup, `cmd &`) inherits SIGINT ignored,
     and Python then installs no KeyboardInterrupt handler; the Ctrl-C tests need the real default."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# No end-of-sequence token and greedy: the request runs to max_tokens, long enough to be cut.
+LONG_GENERATION = {"logit_bias": {"0": -100, "2": -100}, "temperature": 0}
+
+
+def long_sync_request_in_flight(node: NodeProcess) -> tuple[threading.Thread, dict]:
+    """A synchronous /predict that generates for minutes, started in a thread; returns once the node
+    counts it in flight (and half a second more, so it is decoding). `answer["r"]` is the response
+    once the thread ends, or `answer["exc"]` the httpx error."""
+    answer: dict = {}
+
+    def call() -> None:
+        body = {"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 4000, "timeout": 300}
+        try:
+            answer["r"] = httpx.post(node.base + "/predict", json={**body, **LONG_GENERATION}, timeout=60)
+        except httpx.HTTPError as exc:
+            answer["exc"] = exc
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if httpx.get(node.base + "/status", timeout=5).json()["result"].get("in_flight", 0) >= 1:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    return caller, answer

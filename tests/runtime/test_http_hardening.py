@@ -11,10 +11,8 @@ import json
 import select
 import signal
 import socket
-import threading
 import time
 
-import httpx
 import pytest
 
 from edgellm.api.auth import Authenticator, owner_id
@@ -22,10 +20,9 @@ from edgellm.errors import InvalidRequest, Unauthorized
 from edgellm.runtime.http_common import MAX_JSON_DEPTH, SafeJSONResponse, parse_json
 from edgellm.runtime.http_guard import host_allowed, is_json_media_type
 from tests.conftest import chat
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, long_sync_request_in_flight
 
 # Banning both end tokens makes generation run exactly max_tokens: long enough to be interrupted.
-LONG = {"logit_bias": {"0": -100, "2": -100}, "temperature": 0}
 TOKEN = "tok-hardening"
 JSON = {"content-type": "application/json"}
 
@@ -345,27 +342,8 @@ def test_a_body_that_never_arrives_is_408(open_node):
 def test_sigterm_answers_a_waiting_sync_request_with_json_503(tmp_path):
     """After the grace period uvicorn sent a bare text 500; now a JSON 503 naming the request (defect 9)."""
     node = NodeProcess(tmp_path, env={"EDGELLM_SHUTDOWN_GRACE_S": "1"}).start()
-    answer: dict = {}
-
-    def call() -> None:
-        try:
-            answer["r"] = httpx.post(
-                node.base + "/predict",
-                json=chat("Tell a long story.", max_tokens=4000, timeout=300, **LONG),
-                timeout=60,
-            )
-        except httpx.HTTPError as exc:
-            answer["exc"] = exc
-
-    caller = threading.Thread(target=call)
     try:
-        caller.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # wait until it is generating
-            if httpx.get(node.base + "/status", timeout=5).json()["result"].get("in_flight", 0) >= 1:
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)
+        caller, answer = long_sync_request_in_flight(node)
         stopped_at = time.monotonic()
         node.proc.send_signal(signal.SIGTERM)
         caller.join(30)

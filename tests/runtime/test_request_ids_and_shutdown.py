@@ -4,16 +4,13 @@ a synchronous request cut by SIGTERM is told matches what its record then says."
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import httpx
 import pytest
 
 from tests.conftest import chat
-from tests.nodeproc import NodeProcess
-
-LONG = {"logit_bias": {"0": -100, "2": -100}, "temperature": 0}  # no end-of-sequence: runs to max_tokens
+from tests.nodeproc import NodeProcess, long_sync_request_in_flight
 
 
 @pytest.fixture(scope="module")
@@ -70,24 +67,8 @@ def test_a_sync_request_cut_by_sigterm_is_told_it_will_not_run_and_its_record_sa
     record then read failed: the answer now says the request will not be run again. New connections
     are refused from the signal on (the README said 503; it now says what the node does)."""
     node = NodeProcess(tmp_path, env={"EDGELLM_SHUTDOWN_GRACE_S": "1"}).start()
-    answer: dict = {}
-
-    def call() -> None:
-        try:
-            body = chat("Tell a long story.", max_tokens=4000, timeout=300, **LONG)
-            answer["r"] = httpx.post(node.base + "/predict", json=body, timeout=60)
-        except httpx.HTTPError as exc:
-            answer["exc"] = exc
-
-    caller = threading.Thread(target=call)
     try:
-        caller.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # wait until it is generating
-            if httpx.get(node.base + "/status", timeout=5).json()["result"].get("in_flight", 0) >= 1:
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)
+        caller, answer = long_sync_request_in_flight(node)
         node.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # within the grace period: the listening socket is closed, as the README says
         with pytest.raises(httpx.ConnectError):
