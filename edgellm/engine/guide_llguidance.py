@@ -29,7 +29,7 @@ import numpy as np
 from llguidance import LLMatcher
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-from edgellm.engine.types import GuideKind, GuideSpec
+from edgellm.engine.types import GuideKind, GuideSpec, ThinkingSpec
 from edgellm.errors import GuideError
 
 MAX_GUIDE_BYTES = 128 * 1024
@@ -44,7 +44,7 @@ _MIN_COUNT_KEYS = ("minLength", "minItems", "minProperties", "minContains")
 # Keywords whose values are JSON data, not subschemas: a {"pattern": ...} in an example is no regex.
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 # Compact JSON: a small model given free whitespace tends to pad output with newlines forever.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _spec_text(spec: GuideSpec) -> str:
@@ -105,7 +105,7 @@ def _structural_tag_lark(spec: dict) -> str:
                 part
                 for part in (
                     json.dumps(st["begin"][len(trigger) :]) if st["begin"] != trigger else "",
-                    "%json " + json.dumps({**st["schema"], "x-guidance": _JSON_OPTIONS}),
+                    "%json " + json.dumps({**st["schema"], "x-guidance": JSON_OPTIONS}),
                     json.dumps(st["end"]) if st["end"] else "",
                 )
                 if part
@@ -124,6 +124,25 @@ def grammar_for(spec: GuideSpec) -> str:
     grammar = _grammar(spec)
     _check_completes(spec.kind, grammar)
     return grammar
+
+
+def after_thinking(grammar: str, thinking: ThinkingSpec, opened: bool) -> str:
+    """`grammar` preceded by a reasoning block: free text up to the end marker (a lazy lexeme: it ends
+    at the marker's first occurrence), then whitespace, then the answer. `opened`: the output starts
+    inside the block; otherwise it may start with one (`thinking.optional`) or go straight to the answer."""
+    top = json.loads(grammar)
+    parts = top["grammars"]
+    parts[0]["name"] = "edgellm_answer"
+    block = "think WS" if opened else f"({json.dumps(thinking.start)} think WS)?"
+    lark = "\n".join(
+        [
+            "%llguidance {}",
+            f"start: {block} @edgellm_answer",
+            f"think[lazy]: /(.|\\n)*/ {json.dumps(thinking.end)}",
+            "WS: /[ \\t\\r\\n]*/",
+        ]
+    )
+    return json.dumps({**top, "grammars": [{"lark_grammar": lark + "\n"}, *parts]})
 
 
 def text_satisfies(spec: GuideSpec, text: str) -> bool:
@@ -162,7 +181,7 @@ def _compile_cached(kind: GuideKind, text: str) -> str:
     _check_counts(kind, text)
     try:
         if kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
-            grammar = LLMatcher.grammar_from_json_schema(text, overrides=_JSON_OPTIONS)
+            grammar = LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
         elif kind is GuideKind.REGEX:
             grammar = llguidance.grammar_from("regex", text)
         elif kind is GuideKind.CHOICE:
@@ -443,9 +462,13 @@ class GuideBackend:
         # apply_token_bitmask_inplace was ~20x slower here).
         self._bits = (np.uint32(1) << np.arange(32, dtype=np.uint32)).astype(np.uint32)
 
-    def compile(self, spec: GuideSpec) -> Guide:
+    def compile(self, spec: GuideSpec, *, thinking: ThinkingSpec | None = None, opened: bool = False) -> Guide:
+        """`thinking`: the guide applies after a reasoning block (`opened`: the prompt opened it)."""
         # grammar_for's walk ran at submit, in the API process; it is not repeated on the step loop's side.
-        matcher = LLMatcher(self.tokenizer, _grammar(spec), log_level=0)
+        grammar = _grammar(spec)
+        if thinking is not None and (opened or thinking.optional):
+            grammar = after_thinking(grammar, thinking, opened)
+        matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GuideError(f"invalid {spec.kind.value} guide: {short_error(matcher.get_error())}")
         return Guide(matcher)

@@ -21,6 +21,7 @@ class Prompt:
 
     tokens: list[int]
     media: list[MediaSpan] = field(default_factory=list)
+    thinking_open: bool = False  # the prompt ends inside a reasoning block (engine/thinking.py)
 
 
 @dataclass
@@ -32,6 +33,7 @@ class PreparedRequest:
     queued_at: float = field(default_factory=time.monotonic)
     prompt: list[int] = field(default_factory=list)  # set from the future at admission
     media: list[MediaSpan] = field(default_factory=list)
+    thinking_open: bool = False
 
     @property
     def ready(self) -> bool:

@@ -25,6 +25,7 @@ from edgellm.engine.samples import SampleGroup
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
+from edgellm.engine.thinking import prompt_opens
 from edgellm.engine.token_step import Finish, TokenStep
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest, QueueFull
@@ -119,8 +120,18 @@ class Scheduler:
         media = collector.spans(prompt) if collector is not None else []
         if media and media[-1].end == len(prompt):
             raise InvalidRequest(f"the prompt ends with {media[-1].kind} input; put text after it")
-        guides = [self.guides.compile(request.guide) if request.guide is not None else None for _ in range(request.n)]
-        return Prompt(prompt, media), guides
+        opened = request.thinking is not None and prompt_opens(self._tail_bytes(prompt), request.thinking)
+        guides = [
+            self.guides.compile(request.guide, thinking=request.thinking, opened=opened)
+            if request.guide is not None
+            else None
+            for _ in range(request.n)
+        ]
+        return Prompt(prompt, media, thinking_open=opened), guides
+
+    def _tail_bytes(self, prompt: list[int], n: int = 16) -> bytes:
+        """The text of the prompt's last tokens (media stand-ins are negative: skipped)."""
+        return b"".join(self.model.piece(t, special=True) for t in prompt[-n:] if t >= 0)
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
@@ -386,6 +397,7 @@ class Scheduler:
             prepared_prompt, guides = prepared.future.result()
             prepared.prompt = prepared_prompt.tokens
             prepared.media = prepared_prompt.media
+            prepared.thinking_open = prepared_prompt.thinking_open
             group = None
             if prepared.request.n > 1:
                 group = SampleGroup(prepared, guides)
@@ -520,6 +532,7 @@ class Scheduler:
         out.cached_tokens = slot.reused
         out.stop_cause = finish.cause if reason is FinishReason.STOP else None
         out.truncated_structure = truncated
+        out.reasoning_tokens = slot.reasoning_tokens
         out.timings = {
             "queue_ms": 1000 * (slot.started_at - slot.queued_at),
             "ttft_ms": 1000 * (first - slot.queued_at),

@@ -11,6 +11,7 @@ from edgellm.engine.guide_llguidance import Guide
 from edgellm.engine.json_closing import JsonDepth, required_keys
 from edgellm.engine.prepared import PreparedRequest, Prompt
 from edgellm.engine.projector import MediaSpan
+from edgellm.engine.thinking import ThinkState
 from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, GuideKind, TokenLogprob
 
 if TYPE_CHECKING:  # samples.py does not import this module: no cycle, even for the type checker
@@ -80,12 +81,24 @@ class Slot:
         self.pending: list[int] = []  # tokens to decode next step: the last sampled one + forced ones
         self.drafts: list[int] = []  # this step's speculative tokens, fed after `pending`
         guide_kind = self.request.guide.kind if self.request.guide is not None else None
-        # JSON output is followed so that it can be closed within max_tokens (engine/json_closing.py).
-        if guide_kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
+        thinking = self.request.thinking
+        opened = prepared.thinking_open
+        self.think = ThinkState(thinking, opened) if thinking is not None and (opened or thinking.optional) else None
+        # JSON output is followed so that it can be closed within max_tokens (engine/json_closing.py):
+        # from where it starts (after a reasoning block; after the tool-call trigger of a tool grammar).
+        hint = self.request.structure
+        self.json: JsonDepth | None = None
+        self.json_after: bytes | None = None
+        self.json_reserve = 0
+        if hint is not None and self.request.guide is not None:
+            self.json = JsonDepth(list(hint.required))
+            self.json_after = hint.after.encode() if hint.after else None
+            self.json_reserve = hint.reserve
+        elif guide_kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
             schema = self.request.guide.spec if guide_kind is GuideKind.JSON_SCHEMA else None
-            self.json: JsonDepth | None = JsonDepth(required_keys(schema))
-        else:
-            self.json = None
+            self.json = JsonDepth(required_keys(schema))
+        self.json_from: int | None = None  # where, in `data`, the JSON starts (once known)
+        self.json_fed = 0  # of `data`, what the JsonDepth has seen
         self.closing = False  # steering to the shortest valid ending is on
         self.draft_len = DraftLength()
         self._stops = [s.encode("utf-8", "surrogatepass") for s in self.request.sampling.stop if s]
@@ -114,8 +127,35 @@ class Slot:
         self.generated.append(token)
         self.history.append(token)
         self.data += piece
+        if self.think is not None and not self.think.answered:
+            self.think.feed(self.data)
         if self.json is not None:
-            self.json.feed(piece)
+            self._follow_json()
+
+    def _follow_json(self) -> None:
+        if self.json_from is None:
+            base = 0 if self.think is None else self.think.answer_from
+            if base is None:
+                return  # still reasoning
+            if self.json_after is None:
+                self.json_from = base
+            else:
+                at = self.data.find(self.json_after, max(base, len(self.data) - 64 - len(self.json_after)))
+                if at < 0:
+                    return  # free text before the trigger
+                self.json_from = at
+            self.json_fed = self.json_from
+        self.json.feed(bytes(self.data[self.json_fed :]))
+        self.json_fed = len(self.data)
+
+    @property
+    def in_json(self) -> bool:
+        """The guide's JSON has started (closing it within max_tokens applies from here)."""
+        return self.json is not None and self.json_from is not None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.think.tokens if self.think is not None else 0
 
     def hit_stop(self, before: int) -> bool:
         """Whether a stop string ends in the bytes added since `before` (the API cuts the text there).
@@ -139,7 +179,10 @@ class Slot:
             logprobs = self.logprobs[self.emitted_logprobs :]
             self.emitted_logprobs = len(self.logprobs)
         self.emitted_tokens, self.emitted_bytes = len(self.generated), len(self.data)
-        return EngineOutput(self.request_id, final, token_ids=tokens, data=data, logprobs=logprobs, index=self.index)
+        opened = self.think is not None and self.think.opened_by_prompt
+        return EngineOutput(
+            self.request_id, final, token_ids=tokens, data=data, logprobs=logprobs, index=self.index, reasoning_open=opened
+        )
 
     def reset(self, *, commit: CacheCommit) -> None:
         """Free the slot; `commit` says which of its tokens later requests may reuse from its KV."""

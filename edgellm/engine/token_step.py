@@ -81,9 +81,9 @@ class TokenStep:
                 why = slot.guide.error() or "no token allowed"
                 return Finish(FinishReason.ERROR, f"guided decoding reached a dead end ({why})", "generation_failed")
             row[~allowed] = NEG_INF
-            if slot.json is not None and self.close_json:
+            if slot.in_json and self.close_json:
                 left = params.max_tokens - len(slot.generated)
-                slot.closing = slot.closing or left <= slot.json.tokens_to_close()
+                slot.closing = slot.closing or left <= slot.json.tokens_to_close() + slot.json_reserve
                 if slot.closing:  # steer, within the mask, to the shortest valid ending
                     outside, inside = self.closing_scores
                     if params.num_logprobs > 0:
@@ -104,13 +104,14 @@ class TokenStep:
                 return Finish(
                     FinishReason.ERROR, f"guide rejected token {token}: {slot.guide.error()}", "generation_failed"
                 )
-        forced = self._forced_tokens(slot)
         before = len(slot.data)
-        for t, sampled in [(token, sample), *((t, None) for t in forced)]:
-            piece = self.model.piece(t)
-            if slot.logprobs is not None and sampled is not None:
-                slot.logprobs.append(self._logprob_entry(t, piece, sampled))
-            slot.add_token(t, piece)
+        piece = self.model.piece(token)
+        if slot.logprobs is not None:
+            slot.logprobs.append(self._logprob_entry(token, piece, sample))
+        slot.add_token(token, piece)
+        forced = self._close_thinking(slot) or self._forced_tokens(slot)
+        for t in forced:
+            slot.add_token(t, self.model.piece(t))
         self.stats.generated_tokens += 1 + len(forced)
         if slot.hit_stop(before):
             if slot.guide is not None and not slot.guide.is_done():
@@ -128,6 +129,39 @@ class TokenStep:
         slot.pending = [token, *forced]
         return None
 
+    def _room(self, slot: Slot) -> int:
+        """Tokens that may be fed after the one just sampled: max_tokens, the slot's context, one batch."""
+        params = slot.request.sampling
+        return min(
+            params.max_tokens - len(slot.generated),
+            self.model.slot_ctx - slot.cells - 2,
+            self.max_feed - 1,
+        )
+
+    def _close_thinking(self, slot: Slot) -> list[int]:
+        """The budget message and the end marker, forced, once the reasoning block must end
+        (engine/thinking.py): its budget is spent, or max_tokens has only the answer's room left."""
+        think = slot.think
+        if think is None or not think.inside:
+            return []
+        left = slot.request.sampling.max_tokens - len(slot.generated)
+        reserve = 0
+        if slot.guide is not None:  # the answer must fit: what its JSON needs closing, or a few tokens
+            reserve = 8 + (slot.json.tokens_to_close() + slot.json_reserve if slot.json is not None else 0)
+        if not think.due(left, reserve):
+            return []
+        message, end = think.closing_text()
+        tokens = ([] if think.message_sent else self.model.tokenize(message, special=False)) + self.model.tokenize(
+            end, special=True
+        )
+        think.message_sent = True
+        forced: list[int] = []
+        for t in tokens[: max(0, self._room(slot))]:
+            if slot.guide is not None and not slot.guide.accept(t):
+                break
+            forced.append(t)
+        return forced
+
     def _forced_tokens(self, slot: Slot) -> list[int]:
         """Tokens the grammar allows no alternative to, fed together next step instead of one step each.
 
@@ -137,11 +171,7 @@ class TokenStep:
         if slot.guide is None or params.num_logprobs > 0:
             return []
         g0 = time.perf_counter()
-        room = min(
-            params.max_tokens - len(slot.generated) - 1,
-            self.model.slot_ctx - slot.cells - 2,
-            self.max_feed - 1,
-        )
+        room = self._room(slot)
         forced: list[int] = []
         for t in slot.guide.forced_tokens()[: max(0, room)]:
             if self.model.is_eog(t) or not slot.guide.accept(t):

@@ -53,6 +53,34 @@ class GuideSpec:
     spec: Any = None
 
 
+@dataclass(frozen=True)
+class ThinkingSpec:
+    """A thinking model's reasoning block: where it starts and ends, and how many tokens it may take.
+
+    The engine follows the block in each slot: opened by the prompt itself (the template's generation
+    prompt ends inside it) or by the model (`optional`: the template knows the block, the output may
+    start with `start`). A guide applies after the block; once `budget` reasoning tokens are spent (or
+    what is left of max_tokens is what the answer needs), `message` and `end` are fed as forced tokens."""
+
+    start: str = "<think>"
+    end: str = "</think>"
+    optional: bool = True
+    budget: int | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class StructureHint:
+    """Where a guide's JSON is, for closing it inside max_tokens (engine/json_closing.py) when the
+    guide's kind does not say it (a tool-call grammar): it starts after `after` (the format's trigger;
+    None: at the answer's start), `required` as json_closing.required_keys gives, and `reserve` tokens
+    more are kept for what the grammar writes after the JSON (a closing tag)."""
+
+    after: str | None = None
+    required: tuple[tuple[str, int], ...] = ()
+    reserve: int = 0
+
+
 @dataclass
 class SamplingParams:
     """How one request samples. The API builds it from its field table (api/fields.py, the fields marked
@@ -104,6 +132,8 @@ class EngineRequest:
     # Samples of this prompt (OpenAI `n`): the prompt is decoded once and its KV copied to n slots;
     # sample i draws with seed + i, so sample 0 is what the same request with n = 1 gives.
     n: int = 1
+    thinking: ThinkingSpec | None = None  # a reasoning block before the answer (see ThinkingSpec)
+    structure: StructureHint | None = None
 
     @property
     def media_parts(self) -> bool:
@@ -154,6 +184,8 @@ class EngineOutput:
     # final: the budget ran short and the JSON was steered to its shortest valid ending (finish "length")
     truncated_structure: bool = False
     index: int = 0  # which of the request's n samples this output is about
+    reasoning_open: bool = False  # the prompt opened the reasoning block: the output starts inside it
+    reasoning_tokens: int = 0  # final: tokens of the reasoning block (its markers included)
     # final, n > 1: each sample's own final output, by index; the fields above then describe the
     # request (finish_reason, error and timings of sample 0 or the first failed one; token counts summed).
     choices: list[EngineOutput] | None = None

@@ -1,0 +1,69 @@
+"""The grammar that makes every tool call valid: a Lark grammar for llguidance, per request.
+
+A block of calls is written in the model's own syntax (engine/chat_format.py): each call is the
+format's literal text around one of the tools' names, with that tool's `parameters` schema as a `%json`
+sub-grammar for its arguments. So the name is always one of the tools, the arguments always match its
+schema, and the reader (api/reply.py) always finds the exact text it expects.
+
+- `required`: the output is a block (with `parallel_tool_calls`, one or more calls; else one);
+- a named function: the same, with that tool only;
+- `auto`: free text (a lazy lexeme, as the structural tags of `edgellm infer`); once the text ends with
+  the format's trigger, the rest of a block must follow, and the answer ends with it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from edgellm.engine.chat_format import CallSyntax
+from edgellm.engine.guide_llguidance import JSON_OPTIONS
+from edgellm.engine.json_closing import required_keys
+from edgellm.engine.types import GuideKind, GuideSpec, StructureHint
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text) if text else ""
+
+
+def _seq(*parts: str) -> str:
+    return " ".join(p for p in parts if p)
+
+
+def tool_guide(
+    tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, syntax: CallSyntax
+) -> tuple[GuideSpec, StructureHint] | None:
+    """The guide and closing hint for a request's tools; None when calls are not wanted (`none`)."""
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        tools = [t for t in tools if t["function"]["name"] == choice["function"]["name"]]
+    rules = []
+    names = []
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        schema = {**fn["parameters"], "x-guidance": JSON_OPTIONS}
+        head = json.dumps(fn["name"], ensure_ascii=False) + syntax.mid
+        rules.append(f"named_{i}: {_seq(_lit(head), '%json ' + json.dumps(schema), _lit(syntax.end))}")
+        names.append(f"named_{i}")
+    named = " | ".join(names)
+    more = f'({_seq(_lit(syntax.sep), "call")})*' if parallel else ""
+    rules.append(f"call: {_seq(_lit(syntax.pre), f'({named})')}")
+    if choice == "auto":
+        head = syntax.open + syntax.pre
+        assert head.startswith(syntax.trigger), "a format's trigger starts its block"
+        rest = head[len(syntax.trigger) :]
+        start = f"start: TEXT | trig {_seq(_lit(rest), f'({named})', more, _lit(syntax.close))}"
+        rules += [f"trig[lazy]: TEXT {_lit(syntax.trigger)}", "TEXT: /(.|\\n)*/"]
+        after = syntax.trigger
+    else:
+        start = f"start: {_seq(_lit(syntax.open), 'call', more, _lit(syntax.close))}"
+        after = None
+    lark = "\n".join(["%llguidance {}", start, *rules]) + "\n"
+    required = max((required_keys(t["function"]["parameters"]) for t in tools), key=_cost, default=[])
+    reserve = (len(syntax.end) + len(syntax.close)) // 3 + 2
+    return GuideSpec(GuideKind.EBNF, lark), StructureHint(after, tuple(required), reserve)
+
+
+def _cost(keys: list[tuple[str, int]]) -> int:
+    return sum(n for _, n in keys)
