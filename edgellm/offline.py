@@ -174,7 +174,9 @@ class OfflineEngine:
         self.core.run_until_idle(
             pending,
             on_output=deliver,
-            on_admit=lambda request: self.processor.add_request(request.request_id, request.sampling.stop),
+            on_admit=lambda request: self.processor.add_request(
+                request.request_id, request.sampling.stop, request.reply
+            ),
             on_decoding=on_decoding,
         )
         run = RunStats(

@@ -49,6 +49,19 @@ class ChatRequest(BaseModel):
     n: int = _default("n")  # samples of the prompt, sharing its prefill; sample i draws with seed + i
     # Set by the OpenAI route: structured output cut by max_tokens is a 200 with finish "length" there.
     cut_structure_ok: bool = False
+    # Tool calls and thinking (api/tool_rules.py): OpenAI's shapes, normalised.
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "none"
+    parallel_tool_calls: bool = True
+    reasoning_format: str = "auto"
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    thinking_budget_tokens: int | None = None
+    thinking_budget_message: str = ""
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the reply may (or must) be tool calls."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     # The media of `messages`, fetched and decoded (not stored: a recovered request loads them again)
     # as the engine takes them: messages whose parts refer to `media` by index.

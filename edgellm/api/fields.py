@@ -80,12 +80,38 @@ ContentPart = TextPart | ImageUrlPart | InputAudioPart | ImagePart | AudioPart
 PART_MODELS = (TextPart, ImageUrlPart, InputAudioPart, ImagePart, AudioPart)
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="the arguments, as JSON object text")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class MessageBody(BaseModel):
     role: Literal[ROLES]  # type: ignore[valid-type]
-    content: Annotated[str, Field(min_length=1)] | Annotated[list[ContentPart], Field(min_length=1)] = Field(
+    content: Annotated[str, Field(min_length=1)] | Annotated[list[ContentPart], Field(min_length=1)] | None = Field(
         description="a string, non-empty after trimming, or content parts (images and audio in user messages "
-        "only, when the model has a projector); valid UTF-16 (no lone surrogates)"
+        "only, when the model has a projector); valid UTF-16 (no lone surrogates). Null only in an assistant "
+        "turn that calls tools"
     )
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant turns: the calls it made")
+    tool_call_id: str | None = Field(None, description="tool turns: the call this answers")
+
+
+class FunctionBody(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of an object; none: no arguments")
+    strict: bool | None = Field(None, description="accepted: the arguments always match the schema here")
+
+
+class ToolBody(BaseModel):
+    type: Literal["function"]
+    function: FunctionBody
 
 
 # -- guided decoding: one model field per GuideKind (a kind without an entry here fails at import) ------
@@ -221,6 +247,51 @@ BODY_FIELDS: tuple[BodyField, ...] = (
     BodyField("request_id", str | None, schema={"pattern": REQUEST_ID_PATTERN}),
     BodyField("REQUEST_ID", str | None, description="alias of request_id"),
     _number("timeout", 600.0, 0.0, MAX_TIMEOUT_S, low_open=True, description="seconds", openai=True),
+    # -- tool calls and thinking models (api/tool_rules.py) --
+    BodyField("tools", list[ToolBody] | None, description="at most 128 function tools", extras=True, openai=True),
+    BodyField(
+        "tool_choice",
+        Literal["none", "auto", "required"] | dict[str, Any] | None,
+        description='default "auto" with tools; {"type": "function", "function": {"name": ...}} names one',
+        extras=True,
+        openai=True,
+    ),
+    BodyField("parallel_tool_calls", bool | None, description="default true", extras=True, openai=True),
+    BodyField(
+        "reasoning_format",
+        Literal["auto", "none", "deepseek"] | None,
+        description="auto (default): a thinking model's reasoning in reasoning_content; none: in content",
+        extras=True,
+        openai=True,
+    ),
+    BodyField(
+        "chat_template_kwargs",
+        dict[str, Any] | None,
+        description='passed to the chat template, e.g. {"enable_thinking": false}',
+        extras=True,
+        openai=True,
+    ),
+    BodyField(
+        "thinking_budget_tokens",
+        int | None,
+        description="reasoning tokens before the thinking block is closed; -1/null: no budget",
+        extras=True,
+        openai=True,
+    ),
+    BodyField(
+        "reasoning_effort",
+        Literal["none", "minimal", "low", "medium", "high"] | None,
+        description="a thinking budget: 0, 0, 256, 1024, 4096 tokens",
+        extras=True,
+        openai=True,
+    ),
+    BodyField(
+        "thinking_budget_message",
+        str | None,
+        description="written into the reasoning when its budget closes it",
+        extras=True,
+        openai=True,
+    ),
     BodyField("model", str | None, description="accepted and ignored on these endpoints"),
     # Refused on the seed endpoints (their answer is one body); known so the refusal can say where to go.
     BodyField("stream", bool | None, documented=False),

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.api.registry import RequestStatus
-from edgellm.api.results import build_result, status_of
+from edgellm.api.results import answer_text, build_result, status_of
 from edgellm.api.service import Outcome, check_vocabulary, engine_request
 from edgellm.api.validation import ChatRequest, parse_chat_request
+from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest
 from edgellm.media.limits import MediaLimits, MediaSources
@@ -133,7 +134,7 @@ def is_llm_payload(payload: Any, request_types: tuple[str, ...] = ("LLM",)) -> b
 # -- answers ---------------------------------------------------------------------------------
 def success_answer(request_id: str, model_name: str, out: RequestOutput) -> dict[str, Any]:
     result = build_result(request_id, model_name, out)
-    return {"IS_VALID": True, "STATUS": RequestStatus.COMPLETED.value, "text": out.text, **result}
+    return {"IS_VALID": True, "STATUS": RequestStatus.COMPLETED.value, "text": answer_text(out), **result}
 
 
 def failure_answer(
@@ -257,13 +258,14 @@ def _jobs(
             continue
         seen.add(rid)
         engine_id = f"#{drain}:{i}"  # '#' is outside the request-id alphabet: no client id can equal it
-        jobs.append(_Job(i, rid, engine_id, _engine_request(engine_id, request)))
+        jobs.append(_Job(i, rid, engine_id, _engine_request(engine_id, request, engine)))
     return jobs
 
 
-def _engine_request(engine_id: str, request: ChatRequest) -> EngineRequest:
+def _engine_request(engine_id: str, request: ChatRequest, engine: EngineCore) -> EngineRequest:
     seed = request.seed if request.seed is not None else secrets.randbits(64)
-    return engine_request(engine_id, request, seed, created_at=time.time())  # as the node's own dispatch
+    fmt = ChatFormat.from_dict(engine.info.chat_format)
+    return engine_request(engine_id, request, seed, created_at=time.time(), chat_format=fmt)  # as the node's own
 
 
 def _generate(
@@ -287,7 +289,7 @@ def _generate(
     engine.run_until_idle(
         [job.request for job in jobs],
         on_output=finish,
-        on_admit=lambda request: processor.add_request(request.request_id, request.sampling.stop),
+        on_admit=lambda request: processor.add_request(request.request_id, request.sampling.stop, request.reply),
         poll_s=poll_s,
     )
 

@@ -17,18 +17,15 @@ from edgellm.api.validation import parse_chat_request
 from edgellm.errors import EdgeLLMError, InvalidRequest, UnknownRequest
 
 # Accepted and ignored: they change nothing about generation on a local node.
-IGNORED_FIELDS = frozenset({"user", "store", "service_tier", "parallel_tool_calls", "metadata", "stream_options"})
+IGNORED_FIELDS = frozenset({"user", "store", "service_tier", "metadata", "stream_options"})
 UNSUPPORTED_FIELDS = frozenset(
     {
-        "tools",
-        "tool_choice",
-        "functions",
+        "functions",  # the deprecated form of tools
         "function_call",
         "audio",
         "modalities",
         "prediction",
         "web_search_options",
-        "reasoning_effort",
         "suffix",
         "best_of",
         "echo",
@@ -139,8 +136,9 @@ def parse_openai_request(
     request = parse_chat_request(
         seed_body, min_max_tokens=1, max_messages=max_messages, max_prompt_bytes=max_prompt_bytes, **limits
     )
-    # As OpenAI and llama-server: JSON cut by max_tokens comes back as it is, finish_reason "length".
-    request = request.model_copy(update={"cut_structure_ok": True})
+    # As OpenAI and llama-server: JSON cut by max_tokens comes back as it is, finish_reason "length";
+    # never a cut tool call (the same 422 as the seed endpoints: a call that does not parse is no call).
+    request = request.model_copy(update={"cut_structure_ok": not request.calls_tools})
     return request, OpenAIOptions(stream, bool(stream_options.get("include_usage")), bool(logprobs), top or 0)
 
 
@@ -156,7 +154,11 @@ def _message(i: int, msg: Any) -> Any:
     if not isinstance(msg, dict):
         return msg
     role = "system" if msg.get("role") == "developer" else msg.get("role")
-    return {"role": role, "content": msg.get("content")}
+    out = {"role": role, "content": msg.get("content")}
+    for key in ("tool_calls", "tool_call_id"):  # checked by the seed rules (api/tool_rules.py)
+        if msg.get(key) is not None:
+            out[key] = msg[key]
+    return out
 
 
 def logprobs_body(entries: list[dict[str, Any]], opts: OpenAIOptions) -> dict[str, Any] | None:

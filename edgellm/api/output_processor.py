@@ -12,6 +12,7 @@ import codecs
 import dataclasses
 from dataclasses import dataclass, field
 
+from edgellm.api.reply import PLAIN, ReplyReader, ReplySpec
 from edgellm.api.request_state import RequestState, RequestTable
 from edgellm.engine.types import EngineOutput, FinishReason, StopCause, TokenLogprob
 from edgellm.errors import ErrorType
@@ -37,6 +38,10 @@ class RequestOutput:
     stop_cause: StopCause | None = None  # with FinishReason.STOP: end-of-sequence, stop string or grammar
     truncated_structure: bool = False  # the budget ran short: the JSON was closed the shortest valid way
     index: int = 0  # which of the request's n samples `delta` belongs to
+    # `delta` read as OpenAI message deltas ({"content"}, {"reasoning_content"}, {"tool_calls"}: api/reply.py)
+    events: list[dict] = field(default_factory=list)
+    message: dict | None = None  # final: the whole reply as OpenAI's message object
+    reasoning_tokens: int = 0  # final: tokens of the reasoning block
     # final, n > 1: every sample's final output, by index; the fields above are sample 0's (the
     # failure's, when one failed), with the token counts of the whole request.
     choices: list[RequestOutput] | None = None
@@ -45,7 +50,8 @@ class RequestOutput:
 class TextState:
     """One sample's text: incremental UTF-8, the earliest stop string, what a stream was sent."""
 
-    def __init__(self, stop: list[str]):
+    def __init__(self, stop: list[str], reply: ReplySpec = PLAIN):
+        self.reader = ReplyReader(reply)
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -66,6 +72,8 @@ class TextState:
         reason, cause = out.finish_reason, out.stop_cause
         if out.finished and self.stopped and reason in (FinishReason.LENGTH, FinishReason.STOP):
             reason, cause = FinishReason.STOP, StopCause.STOP_STRING  # the stop string ended the answer first
+        fed = delta or out.finished
+        events = self.reader.feed(delta, final=out.finished, opened=out.reasoning_open) if fed else []
         return RequestOutput(
             out.request_id,
             out.finished,
@@ -83,6 +91,9 @@ class TextState:
             stop_cause=cause,
             truncated_structure=out.truncated_structure,
             index=out.index,
+            events=events,
+            message=self.reader.message() if out.finished else None,
+            reasoning_tokens=out.reasoning_tokens,
         )
 
     def _cut_at_stop(self, before: int) -> None:
@@ -103,13 +114,15 @@ class OutputProcessor:
     def __init__(self, requests: RequestTable | None = None) -> None:
         self.requests = requests if requests is not None else RequestTable()
 
-    def add_request(self, request_id: str, stop: list[str]) -> None:
+    def add_request(self, request_id: str, stop: list[str], reply: ReplySpec | None = None) -> None:
+        """`reply`: how its text is read (tool calls, reasoning); None: as plain content."""
         state = self.requests.open(request_id)
         state.stop, state.texts, state.assembling = list(stop), {}, True
+        state.reply = reply or PLAIN
 
     def _state(self, state: RequestState, index: int) -> TextState:
         if index not in state.texts:
-            state.texts[index] = TextState(state.stop)
+            state.texts[index] = TextState(state.stop, state.reply)
         return state.texts[index]
 
     def process(self, out: EngineOutput) -> RequestOutput:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from edgellm.api.output_processor import TextState
+    from edgellm.api.reply import ReplySpec
     from edgellm.api.results import Outcome
     from edgellm.engine.types import EngineRequest
 
@@ -62,6 +63,7 @@ class RequestState:
     key: str
     stop: list[str] = field(default_factory=list)
     texts: dict[int, TextState] = field(default_factory=dict)  # sample index -> its text assembly
+    reply: ReplySpec | None = None  # how the text is read (api/reply.py)
     assembling: bool = False  # dispatched, its final output not processed yet
     waiter: asyncio.Future[Outcome] | None = None  # a synchronous caller of this process
     stream: asyncio.Queue | None = None  # a streaming caller's outputs

@@ -62,18 +62,34 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
     return {
         "REQUEST_ID": request_id,
         "MODEL_NAME": model_name,
-        "TEXT_RESPONSE": [sample.text for sample in samples],
+        "TEXT_RESPONSE": [answer_text(sample) for sample in samples],
         "FULL_OUTPUT": [completion],
     }
+
+
+def answer_text(sample: RequestOutput) -> str:
+    """The answer's text: the message content (a reasoning block apart), "" for a reply of only tool calls."""
+    if sample.message is None:
+        return sample.text
+    return sample.message.get("content") or ""
+
+
+def finish_reason(sample: RequestOutput) -> str | None:
+    """OpenAI's finish_reason: "tool_calls" when the reply is tool calls that ended as they should."""
+    if sample.finish_reason is None:
+        return None
+    if sample.finish_reason is FinishReason.STOP and sample.message and sample.message.get("tool_calls"):
+        return "tool_calls"
+    return sample.finish_reason.value
 
 
 def _choice(index: int, sample: RequestOutput) -> dict[str, Any]:
     logprobs = {"content": [lp.to_dict() for lp in sample.logprobs]} if sample.logprobs is not None else None
     choice = {
         "index": index,
-        "message": {"role": "assistant", "content": sample.text},
+        "message": sample.message or {"role": "assistant", "content": sample.text},
         "logprobs": logprobs,
-        "finish_reason": sample.finish_reason.value if sample.finish_reason else None,
+        "finish_reason": finish_reason(sample),
     }
     if sample.truncated_structure and index:  # sample 0's flag is the completion's own (above)
         choice["truncated_structure"] = True
@@ -87,6 +103,7 @@ def usage_of(out: RequestOutput) -> dict[str, Any]:
         "completion_tokens": out.completion_tokens,
         "total_tokens": out.prompt_tokens + out.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": sum(s.reasoning_tokens for s in out.choices or [out])},
     }
 
 

@@ -33,6 +33,7 @@ from edgellm.api.submission import (
     parse_openai_now,
 )
 from edgellm.api.validation import ChatRequest, parse_chat_request
+from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.interface import EngineClient
 from edgellm.engine.types import EngineOutput
@@ -230,8 +231,15 @@ class Service:
         return key
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
-        self.outputs.add_request(request_id, request.stop)
-        self.engine.submit(engine_request(request_id, request, seed, created_at=created_at, stream=stream))
+        sent = engine_request(
+            request_id, request, seed, created_at=created_at, stream=stream, chat_format=self.chat_format()
+        )
+        self.outputs.add_request(request_id, request.stop, sent.reply)
+        self.engine.submit(sent)
+
+    def chat_format(self) -> ChatFormat:
+        """The model's (EngineInfo's); the generic one until the engine has reported."""
+        return ChatFormat.from_dict((self.engine.info or {}).get("chat_format") if self.engine else None)
 
     def _require_engine(self) -> None:
         if self.draining:

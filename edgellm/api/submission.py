@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
+from edgellm.api.reply import ReplySpec
+from edgellm.api.tool_grammar import tool_guide
+from edgellm.api.tool_prompt import prompt_messages
 from edgellm.api.validation import (
     MAX_COMPLETION_TOKENS,
     MAX_MESSAGES,
@@ -19,8 +22,9 @@ from edgellm.api.validation import (
     TEMPERATURE_MIN,
     ChatRequest,
 )
+from edgellm.engine.chat_format import ChatFormat, ToolFormat
 from edgellm.engine.guide_llguidance import grammar_for
-from edgellm.engine.types import EngineRequest
+from edgellm.engine.types import EngineRequest, ThinkingSpec
 from edgellm.errors import InvalidRequest
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.loading import load_content
@@ -86,19 +90,49 @@ def load_media(request: ChatRequest, config: ServiceConfig, caps: MediaCaps | No
 
 
 def engine_request(
-    request_id: str, request: ChatRequest, seed: int, *, created_at: float, stream: bool = False
+    request_id: str,
+    request: ChatRequest,
+    seed: int,
+    *,
+    created_at: float,
+    stream: bool = False,
+    chat_format: ChatFormat | None = None,
 ) -> EngineRequest:
-    """What the engine is sent for a validated request; its deadline counts from `created_at`."""
-    messages, media = request.engine_messages()
+    """What the engine is sent for a validated request; its deadline counts from `created_at`.
+    `chat_format`: the model's (EngineInfo's), which decides how tools are rendered, constrained and read."""
+    fmt = chat_format or ChatFormat()
+    _, media = request.engine_messages()
+    messages, tools = prompt_messages(request, fmt)
+    guide, structure = request.guide, None
+    tooled = tool_guide(request.tools, request.tool_choice, request.parallel_tool_calls, fmt.syntax)
+    if tooled is not None:
+        guide, structure = tooled
+    thinking = ThinkingSpec(
+        optional=fmt.thinking, budget=request.thinking_budget_tokens, message=request.thinking_budget_message
+    )
     return EngineRequest(
         request_id=request_id,
         messages=messages,
         media=media,
         sampling=request.sampling(seed),
-        guide=request.guide,
+        guide=guide,
         deadline=created_at + request.timeout,
         stream=stream,
         speculative=not request.disable_spec_decode,
         cut_structure_ok=request.cut_structure_ok,
         n=request.n,
+        template_kwargs=dict(request.chat_template_kwargs),
+        tools=tools,
+        thinking=thinking,
+        structure=structure,
+        reply=reply_spec(request, fmt),
+    )
+
+
+def reply_spec(request: ChatRequest, fmt: ChatFormat) -> ReplySpec:
+    """How the request's reply is read (api/reply.py)."""
+    return ReplySpec(
+        syntax=fmt.syntax if request.calls_tools else None,
+        reasoning=request.reasoning_format == "auto",
+        short_ids=fmt.tool_format is ToolFormat.MISTRAL,
     )

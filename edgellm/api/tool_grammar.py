@@ -47,7 +47,7 @@ def tool_guide(
         rules.append(f"named_{i}: {_seq(_lit(head), '%json ' + json.dumps(schema), _lit(syntax.end))}")
         names.append(f"named_{i}")
     named = " | ".join(names)
-    more = f'({_seq(_lit(syntax.sep), "call")})*' if parallel else ""
+    more = f"({_seq(_lit(syntax.sep), 'call')})*" if parallel else ""
     rules.append(f"call: {_seq(_lit(syntax.pre), f'({named})')}")
     if choice == "auto":
         head = syntax.open + syntax.pre

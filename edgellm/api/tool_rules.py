@@ -99,7 +99,7 @@ def _check_schema(schema: Any, where: str) -> None:
 
 
 def tool_choice(value: Any, declared: list[dict[str, Any]]) -> str | dict[str, Any]:
-    """"none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}; default "auto"
+    """ "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}; default "auto"
     with tools, "none" without."""
     if value is None:
         return "auto" if declared else "none"
@@ -120,9 +120,7 @@ def tool_choice(value: Any, declared: list[dict[str, Any]]) -> str | dict[str, A
         )
     name = fn.get("name")
     if name not in names:
-        raise InvalidRequest(
-            f"tool_choice names the function {show(name)}, which is not in tools", param="tool_choice"
-        )
+        raise InvalidRequest(f"tool_choice names the function {show(name)}, which is not in tools", param="tool_choice")
     return {"type": "function", "function": {"name": name}}
 
 
@@ -201,14 +199,17 @@ def template_kwargs(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InvalidRequest(f"chat_template_kwargs must be an object, got {kind_of(value)}", param="chat_template_kwargs")
+        raise InvalidRequest(
+            f"chat_template_kwargs must be an object, got {kind_of(value)}", param="chat_template_kwargs"
+        )
     problem = json_problem(value, "chat_template_kwargs", max_depth=16)
     if problem:
         raise InvalidRequest(problem, param="chat_template_kwargs")
     reserved = sorted(k for k in value if k in RESERVED_TEMPLATE_KWARGS)
     if reserved:
         raise InvalidRequest(
-            f"chat_template_kwargs may not set {show_name(reserved[0])} (the node sets it)", param="chat_template_kwargs"
+            f"chat_template_kwargs may not set {show_name(reserved[0])} (the node sets it)",
+            param="chat_template_kwargs",
         )
     if json_size(value) > MAX_TEMPLATE_KWARGS_BYTES:
         raise InvalidRequest(
@@ -246,8 +247,7 @@ def budget_message(value: Any) -> str:
         return ""
     if not isinstance(value, str) or has_surrogate(value) or len(value) > MAX_BUDGET_MESSAGE_CHARS:
         raise InvalidRequest(
-            f"thinking_budget_message must be a string of at most {MAX_BUDGET_MESSAGE_CHARS} characters "
-            "(valid UTF-16)",
+            f"thinking_budget_message must be a string of at most {MAX_BUDGET_MESSAGE_CHARS} characters (valid UTF-16)",
             param="thinking_budget_message",
         )
     return value

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from edgellm.api import tool_rules
 from edgellm.api.chat_request import ChatRequest
 from edgellm.api.display import kind_of as _kind
 from edgellm.api.display import show, show_name
@@ -122,6 +123,12 @@ def parse_chat_request(
         guide = GuideSpec(GuideKind.JSON_SCHEMA, schema) if schema is not None else GuideSpec(GuideKind.JSON_OBJECT)
     metadata = _metadata(body.get("metadata"))
     messages = _messages(body.get("messages"), max_messages, max_prompt_bytes)
+    tools = tool_rules.tools(body.get("tools"))
+    choice = tool_rules.tool_choice(body.get("tool_choice"), tools)
+    if tools and choice != "none" and guide is not None:
+        # llama-server refuses the same: the tool grammar is the guide of such a request.
+        what = "response_format" if response_format is not None else "guided_decoding"
+        raise InvalidRequest(f"set either tools or {what}, not both (or tool_choice 'none')", param=what)
     # The node's settings move these bounds; the table's defaults are pulled inside them.
     bounds = {
         "temperature": (min_temperature, max_temperature),
@@ -139,6 +146,17 @@ def parse_chat_request(
             fields[f.name] = _ruled(body, f, defaults.get(f.name, f.default), *bounds.get(f.name, (f.lo, f.hi)))
         elif f.name in _OWN_RULES:
             fields[f.name] = _OWN_RULES[f.name](body)
+    fields.update(
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=tool_rules.flag(body.get("parallel_tool_calls"), "parallel_tool_calls", True),
+        reasoning_format=tool_rules.reasoning_format(body.get("reasoning_format")),
+        chat_template_kwargs=tool_rules.template_kwargs(body.get("chat_template_kwargs")),
+        thinking_budget_tokens=tool_rules.thinking_budget(
+            body.get("thinking_budget_tokens"), body.get("reasoning_effort"), fields["max_tokens"]
+        ),
+        thinking_budget_message=tool_rules.budget_message(body.get("thinking_budget_message")),
+    )
     try:
         return ChatRequest(**fields)
     except ValidationError:
@@ -195,6 +213,7 @@ def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict
         )
     out = []
     total = 0
+    call_ids: set[str] = set()  # of the assistant turns so far: a tool turn answers one of them
     for i, msg in enumerate(value):
         if not isinstance(msg, dict):
             raise InvalidRequest(f"messages[{i}] must be an object with role and content", param="messages")
@@ -204,9 +223,16 @@ def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict
                 f"messages[{i}].role must be one of {', '.join(ROLES)}; got {show(role)}", param="messages"
             )
         content = msg.get("content")
-        if role == "assistant" and (content is None or (isinstance(content, str) and not content.strip())):
-            # An earlier assistant turn may be empty (OpenAI accepts it, e.g. a turn that only called a tool).
-            out.append({"role": role, "content": ""})
+        extra: dict[str, Any] = {}
+        if role == "assistant" and msg.get("tool_calls") not in (None, []):
+            extra["tool_calls"] = tool_rules.assistant_calls(i, msg["tool_calls"], call_ids)
+            total += sum(len(c["function"]["arguments"]) for c in extra["tool_calls"])
+        if role == "tool":
+            extra["tool_call_id"] = tool_rules.tool_call_id(i, msg.get("tool_call_id"), call_ids)
+        if role in ("assistant", "tool") and (content is None or (isinstance(content, str) and not content.strip())):
+            # An earlier assistant turn may be empty (OpenAI accepts it, e.g. a turn that only called a tool),
+            # and so may a tool's answer.
+            out.append({"role": role, "content": "", **extra})
             continue
         if isinstance(content, list):
             parts, text_bytes, n_media = parse_content(f"messages[{i}]", content, role)
@@ -233,7 +259,7 @@ def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict
             )
         total += len(content.encode("utf-8"))
         _check_prompt_bytes(total, max_prompt_bytes, i)
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": content, **extra})
     return out
 
 

@@ -120,7 +120,9 @@ class LocalTransport:
             # The node's deadline counts from a request's arrival; here every request is handed over at
             # once, so its budget counts from when the engine queues it.
             request = replace(
-                engine_request(request_id, chat, seed, created_at=0.0), deadline=None, timeout_s=chat.timeout
+                engine_request(request_id, chat, seed, created_at=0.0, chat_format=self.engine.model.chat_format),
+                deadline=None,
+                timeout_s=chat.timeout,
             )
             queued[request_id] = (i, req["id"], opts, request)
 

@@ -49,7 +49,9 @@ _SYNTAX = {
         "<tool_call>", "", '<tool_call>\n{"name": ', ', "arguments": ', "}\n</tool_call>", "\n", "", True
     ),
     ToolFormat.LLAMA3: CallSyntax('{"name": ', "", '{"name": ', ', "parameters": ', "}", "; ", "", True),
-    ToolFormat.MISTRAL: CallSyntax("[TOOL_CALLS]", "[TOOL_CALLS][", '{"name": ', ', "arguments": ', "}", ", ", "]", True),
+    ToolFormat.MISTRAL: CallSyntax(
+        "[TOOL_CALLS]", "[TOOL_CALLS][", '{"name": ', ', "arguments": ', "}", ", ", "]", True
+    ),
     ToolFormat.GENERIC: CallSyntax(
         '{"tool_calls": [', '{"tool_calls": [', '{"name": ', ', "arguments": ', "}", ", ", "]}", False
     ),

@@ -176,6 +176,7 @@ class EngineCore:
             self_test=self.self_test,
             media=self.scheduler.media_caps(),
             pid=os.getpid(),
+            chat_format=model.chat_format.as_dict(),
         )
 
     @property

@@ -29,6 +29,8 @@ class EngineInfo:
     self_test: dict[str, Any] | None  # SelfTestResult.as_dict(); None when it did not run
     media: dict[str, Any]  # MediaCaps.to_dict() plus "error": why a configured projector is not in use
     pid: int
+    # ChatFormat.as_dict() (engine/chat_format.py): how the template writes tool calls, whether it thinks
+    chat_format: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

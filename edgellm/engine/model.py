@@ -21,6 +21,8 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from edgellm.engine import test_hooks
+from edgellm.engine.chat_format import ChatFormat
+from edgellm.engine.chat_format import detect as detect_chat_format
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
 
@@ -218,6 +220,11 @@ class LlamaModel:
             )
         return self._formatter_no_gen
 
+    @property
+    def chat_format(self) -> ChatFormat:
+        """How the template writes tool calls and whether it thinks (engine/chat_format.py)."""
+        return detect_chat_format(self.formatter.template)
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(65536)
         n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
@@ -225,9 +232,16 @@ class LlamaModel:
 
     # -- text ------------------------------------------------------------------------------------
     def render_chat(
-        self, messages: list[dict], *, add_generation_prompt: bool = True, template_kwargs: dict | None = None
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> str:
         kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_NAMES}
+        if tools:
+            kwargs["tools"] = tools  # Hugging Face templates render them (Hermes/Qwen, Llama 3.1, Mistral)
         # Content parts render as their text, each image/audio as llama.cpp's media marker.
         messages = [
             {**m, "content": raw_prompt_text([m])} if isinstance(m.get("content"), list) else m for m in messages
@@ -246,6 +260,7 @@ class LlamaModel:
         limit: int | None = None,
         add_generation_prompt: bool = True,
         template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
         media: MediaHook | None = None,
     ) -> list[int]:
         """The prompt of a conversation, where only the template's own markup may become control tokens.
@@ -260,7 +275,7 @@ class LlamaModel:
         # Private-use marks with a per-call nonce: client text cannot contain (or fake) a placeholder.
         nonce = secrets.token_hex(8)
         marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
-        options = {"add_generation_prompt": add_generation_prompt, "template_kwargs": template_kwargs}
+        options = {"add_generation_prompt": add_generation_prompt, "template_kwargs": template_kwargs, "tools": tools}
         rendered = self.render_chat(
             [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)], **options
         )

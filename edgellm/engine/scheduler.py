@@ -101,6 +101,7 @@ class Scheduler:
                     limit=room,
                     add_generation_prompt=request.add_generation_prompt,
                     template_kwargs=request.template_kwargs,
+                    tools=request.tools,
                     media=collector,
                 )
             else:

@@ -181,7 +181,13 @@ class Slot:
         self.emitted_tokens, self.emitted_bytes = len(self.generated), len(self.data)
         opened = self.think is not None and self.think.opened_by_prompt
         return EngineOutput(
-            self.request_id, final, token_ids=tokens, data=data, logprobs=logprobs, index=self.index, reasoning_open=opened
+            self.request_id,
+            final,
+            token_ids=tokens,
+            data=data,
+            logprobs=logprobs,
+            index=self.index,
+            reasoning_open=opened,
         )
 
     def reset(self, *, commit: CacheCommit) -> None:

@@ -134,6 +134,10 @@ class EngineRequest:
     n: int = 1
     thinking: ThinkingSpec | None = None  # a reasoning block before the answer (see ThinkingSpec)
     structure: StructureHint | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the template's `tools` (OpenAI's shape)
+    # How the API reads the reply (api/reply.py's ReplySpec): carried for whoever assembles the output
+    # (the service, the offline engine); the engine never looks at it.
+    reply: Any = None
 
     @property
     def media_parts(self) -> bool:

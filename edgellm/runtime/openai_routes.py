@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -20,7 +20,7 @@ from edgellm.api.openai_compat import (
 )
 from edgellm.api.output_processor import RequestOutput
 from edgellm.api.request_state import public_id
-from edgellm.api.results import Outcome, status_of, usage_of
+from edgellm.api.results import Outcome, finish_reason, status_of, usage_of
 from edgellm.api.service import Service
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
@@ -95,26 +95,32 @@ async def _events(
     key, request_id = request_id, public_id(request_id)
     done = False
 
-    def content_chunk(out: RequestOutput) -> str:
+    def delta_chunks(out: RequestOutput) -> Iterator[str]:
+        """The output's message deltas (content, reasoning_content, tool_calls: api/reply.py), one chunk
+        each; the step's logprobs ride on the first."""
         lp = logprobs_body([e.to_dict() for e in out.new_logprobs], opts)
-        return _sse(chunk_body(request_id, model, created, {"content": out.delta}, logprobs=lp, index=out.index))
+        events = out.events or ([{"content": ""}] if out.new_logprobs else [])
+        for k, delta in enumerate(events):
+            body = chunk_body(request_id, model, created, delta, logprobs=lp if k == 0 else None, index=out.index)
+            yield _sse(body)
 
     try:
         for index in range(n):
             yield _sse(chunk_body(request_id, model, created, {"role": "assistant", "content": ""}, index=index))
         out = first
         while True:
-            if out.delta or out.new_logprobs:
-                yield content_chunk(out)
+            for chunk in delta_chunks(out):
+                yield chunk
             if out.finished:
                 break
             out = await anext(outputs)
         status, error, error_type = status_of(out)
         if status.value == "completed":
             for sample in out.choices or [out]:
-                if out.choices and (sample.delta or sample.new_logprobs):
-                    yield content_chunk(sample)  # a sample's last text comes with the request's end
-                yield _sse(chunk_body(request_id, model, created, {}, sample.finish_reason.value, index=sample.index))
+                if out.choices:  # a sample's last text comes with the request's end
+                    for chunk in delta_chunks(sample):
+                        yield chunk
+                yield _sse(chunk_body(request_id, model, created, {}, finish_reason(sample), index=sample.index))
         else:
             yield _sse({"error": {"message": error, "type": "server_error", "param": None, "code": error_type}})
         if opts.include_usage:
