@@ -75,10 +75,13 @@ def answer_text(sample: RequestOutput) -> str:
 
 
 def finish_reason(sample: RequestOutput) -> str | None:
-    """OpenAI's finish_reason: "tool_calls" when the reply is tool calls that ended as they should."""
+    """OpenAI's finish_reason: "tool_calls" when the reply is tool calls (each one whole: a cut call is
+    never read as one, and the engine fails its request)."""
     if sample.finish_reason is None:
         return None
-    if sample.finish_reason is FinishReason.STOP and sample.message and sample.message.get("tool_calls"):
+    # A call closed early to fit max_tokens ("length" otherwise) is whole and valid all the same.
+    ended = sample.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    if ended and sample.message and sample.message.get("tool_calls"):
         return "tool_calls"
     return sample.finish_reason.value
 

@@ -42,7 +42,7 @@ def tool_guide(
     names = []
     for i, tool in enumerate(tools):
         fn = tool["function"]
-        schema = {**fn["parameters"], "x-guidance": JSON_OPTIONS}
+        schema = {**_closed(fn["parameters"]), "x-guidance": JSON_OPTIONS}
         head = json.dumps(fn["name"], ensure_ascii=False) + syntax.mid
         rules.append(f"named_{i}: {_seq(_lit(head), '%json ' + json.dumps(schema), _lit(syntax.end))}")
         names.append(f"named_{i}")
@@ -60,10 +60,17 @@ def tool_guide(
         start = f"start: {_seq(_lit(syntax.open), 'call', more, _lit(syntax.close))}"
         after = None
     lark = "\n".join(["%llguidance {}", start, *rules]) + "\n"
-    required = max((required_keys(t["function"]["parameters"]) for t in tools), key=_cost, default=[])
-    reserve = (len(syntax.end) + len(syntax.close)) // 3 + 2
-    return GuideSpec(GuideKind.EBNF, lark), StructureHint(after, tuple(required), reserve)
+    # Kept for closing inside max_tokens: what the grammar still writes after the JSON (the call's end
+    # tag, the block's close), and the required keys of the costliest tool. Those are reserved whole,
+    # not struck off as they appear (json_closing's way): with parallel calls each call writes them again.
+    required = max(sum(n for _, n in required_keys(t["function"]["parameters"])) for t in tools)
+    reserve = (len(syntax.end) + len(syntax.close)) // 3 + 2 + required
+    return GuideSpec(GuideKind.EBNF, lark), StructureHint(after, (), reserve)
 
 
-def _cost(keys: list[tuple[str, int]]) -> int:
-    return sum(n for _, n in keys)
+def _closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """The arguments schema with no properties beyond those it names, unless it says otherwise: what
+    the model writes then still matches the schema as given, without keys the tool never declared."""
+    if "additionalProperties" in schema or not isinstance(schema.get("properties"), dict):
+        return schema
+    return {**schema, "additionalProperties": False}

@@ -87,7 +87,7 @@ def tools(value: Any) -> list[dict[str, Any]]:
 def _check_schema(schema: Any, where: str) -> None:
     if not isinstance(schema, dict):
         raise InvalidRequest(f"{where} must be a JSON schema object, got {kind_of(schema)}", param="tools")
-    problem = json_problem(schema, where, max_depth=3)
+    problem = json_problem(schema, where, max_depth=MAX_TOOL_SCHEMA_DEPTH)
     if problem:
         raise InvalidRequest(problem, param="tools")
     if schema.get("type", "object") != "object":

@@ -130,7 +130,8 @@ def after_thinking(grammar: str, thinking: ThinkingSpec, opened: bool) -> str:
     """`grammar` preceded by a reasoning block: free text up to the end marker (a lazy lexeme: it ends
     at the marker's first occurrence), then whitespace, then the answer. `opened`: the output starts
     inside the block; otherwise it may start with one (`thinking.optional`) or go straight to the answer."""
-    top = json.loads(grammar)
+    # llguidance gives a grammar as its JSON form, or (from Lark text) the Lark text itself
+    top = json.loads(grammar) if grammar.lstrip().startswith("{") else {"grammars": [{"lark_grammar": grammar}]}
     parts = top["grammars"]
     parts[0]["name"] = "edgellm_answer"
     block = "think WS" if opened else f"({json.dumps(thinking.start)} think WS)?"

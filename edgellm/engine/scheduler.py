@@ -508,13 +508,12 @@ class Scheduler:
         if truncated and not cut:
             reason = FinishReason.LENGTH  # complete, but only because the budget forced the shortest ending
         if cut and not slot.request.cut_structure_ok:
-            error, error_type = (
-                (
-                    "structured output was cut at max_tokens before the grammar completed; "
-                    "the partial text does not conform"
-                ),
-                "generation_failed",
+            what = (
+                "a tool call was cut at max_tokens before it was complete (raise max_tokens)"
+                if slot.request.structure is not None
+                else "structured output was cut at max_tokens before the grammar completed"
             )
+            error, error_type = f"{what}; the partial text does not conform", "generation_failed"
         if (
             reason is FinishReason.STOP
             and error is None

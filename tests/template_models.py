@@ -1,0 +1,37 @@
+"""The bundled model under another chat template: test fixtures for the tool-call and thinking formats.
+
+`gguf-new-metadata --chat-template-file` (the gguf package's own tool) copies the bundled GGUF with its
+`tokenizer.chat_template` replaced by one of tests/fixtures/templates/*.jinja: the same weights, so the
+same small model, writing in the family's syntax because the grammar makes it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from edgellm.runtime.settings import bundled_model_path
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+
+
+def model_with_template(name: str, out_dir: Path) -> Path:
+    """A copy of the bundled model whose chat template is TEMPLATES/<name>.jinja (made once per out_dir)."""
+    out = Path(out_dir) / f"smollm2-{name}.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        script = "from gguf.scripts.gguf_new_metadata import main; main()"
+        template = TEMPLATES / f"{name}.jinja"
+        cmd = [
+            sys.executable,
+            "-c",
+            script,
+            "--chat-template-file",
+            str(template),
+            bundled_model_path(),
+            str(out),
+            "--force",
+        ]
+        subprocess.run(cmd, check=True, capture_output=True, input=b"y\n", timeout=120)
+    return out
