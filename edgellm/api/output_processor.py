@@ -122,7 +122,7 @@ class OutputProcessor:
 
     def _state(self, state: RequestState, index: int) -> TextState:
         if index not in state.texts:
-            state.texts[index] = TextState(state.stop, state.reply)
+            state.texts[index] = TextState(state.stop, state.reply or PLAIN)
         return state.texts[index]
 
     def process(self, out: EngineOutput) -> RequestOutput:

@@ -88,7 +88,7 @@ class ReplyReader:
         head = self.buf[self.pos :].lstrip(_WHITESPACE)
         marker = self.spec.think_start
         if head.startswith(marker):
-            self.pos = len(self.buf) - len(head) + len(marker)
+            self._verbatim(events, len(self.buf) - len(head) + len(marker))
             self.mode = "reasoning"
         elif marker.startswith(head) and not final:
             return  # whitespace, or part of the marker: not known yet
@@ -102,15 +102,22 @@ class ReplyReader:
             self._say(events, self.buf[self.pos : stop], reasoning=True)
             self.pos = stop
         if end >= 0:
-            self.pos = end + len(self.spec.think_end)
+            self._verbatim(events, end + len(self.spec.think_end))
             self.mode = "after_reasoning"
 
     def _after_reasoning(self, events: list, final: bool) -> None:
         rest = self.buf[self.pos :]
         stripped = rest.lstrip(_WHITESPACE)
-        self.pos += len(rest) - len(stripped)
+        self._verbatim(events, self.pos + len(rest) - len(stripped))
         if stripped or final:
             self.mode = "content"
+
+    def _verbatim(self, events: list, to: int) -> None:
+        """Move past markup (a block's markers, the whitespace after it): dropped when the reasoning is
+        separated, kept in content as written when it is not (reasoning_format "none")."""
+        if not self.spec.reasoning:
+            self._say(events, self.buf[self.pos : to], reasoning=False)
+        self.pos = to
 
     def _content(self, events: list, final: bool) -> None:
         syntax = self.spec.syntax

@@ -49,7 +49,7 @@ def _generic(message: dict[str, Any], messages: list[dict[str, Any]]) -> dict[st
         text = json.dumps(envelope, ensure_ascii=False)
         content = message.get("content") or ""
         return {"role": "assistant", "content": f"{content}\n{text}".strip() if isinstance(content, str) else text}
-    if message.get("role") == "tool":
+    if message.get("role") == "tool" and "tool_call_id" in message:
         name = _call_name(messages, message["tool_call_id"])
         content = message.get("content") if isinstance(message.get("content"), str) else ""
         return {"role": "user", "content": f"Result of the tool call {name} ({message['tool_call_id']}):\n{content}"}

@@ -175,7 +175,7 @@ def _dumps(value: Any) -> str:
 
 def tool_call_id(i: int, value: Any, call_ids: set[str]) -> str:
     if not isinstance(value, str) or not value:
-        raise InvalidRequest(f"messages[{i}] (role tool) needs a tool_call_id", param="messages")
+        raise InvalidRequest(f"messages[{i}].tool_call_id must be a non-empty string", param="messages")
     if value not in call_ids:
         raise InvalidRequest(
             f"messages[{i}].tool_call_id {show(value)} matches no tool call of an earlier assistant turn",

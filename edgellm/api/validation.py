@@ -227,7 +227,7 @@ def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict
         if role == "assistant" and msg.get("tool_calls") not in (None, []):
             extra["tool_calls"] = tool_rules.assistant_calls(i, msg["tool_calls"], call_ids)
             total += sum(len(c["function"]["arguments"]) for c in extra["tool_calls"])
-        if role == "tool":
+        if role == "tool" and msg.get("tool_call_id") is not None:  # without one: a seed-style tool turn
             extra["tool_call_id"] = tool_rules.tool_call_id(i, msg.get("tool_call_id"), call_ids)
         if role in ("assistant", "tool") and (content is None or (isinstance(content, str) and not content.strip())):
             # An earlier assistant turn may be empty (OpenAI accepts it, e.g. a turn that only called a tool),

@@ -36,7 +36,7 @@ class EngineHarness:
 
         # All queued at once (not fed as the queue has room): a test may mean to overfill the queue.
         for r in requests:
-            processor.add_request(r.request_id, r.sampling.stop)
+            processor.add_request(r.request_id, r.sampling.stop, r.reply)
             rejected = self.core.add(r)
             if rejected is not None:
                 deliver(rejected)

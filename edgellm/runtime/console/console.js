@@ -262,7 +262,56 @@ function buildBody() {
   } else if (kind) {
     body.guided_decoding = { [kind]: spec };
   }
+  addTool(body);
   return body;
+}
+
+// The playground's one tool, when a tool choice is picked. A definition that cannot be sent is said next
+// to its field (InlineError), not thrown at the user.
+class InlineError extends Error {}
+
+function toolProblem(message, field) {
+  say("p-tool-error", message, "bad");
+  $(field).setAttribute("aria-invalid", "true");
+  $(field).focus();
+  return new InlineError(message);
+}
+
+function clearToolProblem() {
+  say("p-tool-error", "", "bad");
+  for (const id of ["p-tool-name", "p-tool-params"]) $(id).removeAttribute("aria-invalid");
+}
+
+function toolParameters() {
+  let parameters;
+  try {
+    parameters = JSON.parse($("p-tool-params").value);
+  } catch (err) {
+    throw toolProblem(`The tool's parameters are not JSON: ${err.message}`, "p-tool-params");
+  }
+  if (!parameters || typeof parameters !== "object" || Array.isArray(parameters)) {
+    throw toolProblem("The tool's parameters must be a JSON object (a JSON schema).", "p-tool-params");
+  }
+  return parameters;
+}
+
+function addTool(body) {
+  clearToolProblem();
+  const choice = $("p-tool-choice").value;
+  if (!choice) return;
+  const name = $("p-tool-name").value.trim();
+  if (!name) throw toolProblem("The tool needs a name.", "p-tool-name");
+  const fn = { name };
+  const description = $("p-tool-desc").value.trim();
+  if (description) fn.description = description;
+  fn.parameters = toolParameters();
+  body.tools = [{ type: "function", function: fn }];
+  body.tool_choice = choice === "named" ? { type: "function", function: { name } } : choice;
+  body.parallel_tool_calls = $("p-tool-parallel").checked;
+}
+
+function toolChoiceText(choice) {
+  return typeof choice === "string" ? choice : `function ${choice.function.name}`;
 }
 
 function say(id, text, cls = "") {
@@ -272,9 +321,14 @@ function say(id, text, cls = "") {
 }
 
 async function checkRequest() {
+  const body = freshBody();
+  if (!body) return;
   try {
-    const res = await api("/console/api/check", { json: buildBody() });
-    say("p-check-result", `The node accepts this request${res.guide ? ` (constraint: ${res.guide})` : ""}.`, "good");
+    const res = await api("/console/api/check", { json: body });
+    const notes = [];
+    if (res.guide) notes.push(`constraint: ${res.guide}`);
+    if (body.tools) notes.push(`tool ${body.tools[0].function.name}, tool_choice ${toolChoiceText(body.tool_choice)}`);
+    say("p-check-result", `The node accepts this request${notes.length ? ` (${notes.join("; ")})` : ""}.`, "good");
   } catch (err) {
     say("p-check-result", `Refused: ${err.message}`, "bad");
   }
@@ -289,12 +343,16 @@ async function send(event) {
   say("p-output", "");
   say("p-meta", "");
   say("p-valid", "");
+  showReasoning("");
+  renderCalls([]);
   state.abort = new AbortController();
   $("p-send").disabled = true;
   $("p-stop").disabled = false;
   const started = performance.now();
   $("p-output").setAttribute("aria-busy", "true");
   let text = "";
+  let reasoning = "";
+  let calls = [];
   let finish = null;
   let usage = null;
   try {
@@ -311,22 +369,33 @@ async function send(event) {
       throw new ApiError(res.status, err);
     }
     if (stream) {
-      ({ text, finish, usage } = await readStream(res, (piece) => {
-        text += piece;
-        $("p-output").textContent = text;
+      ({ text, reasoning, calls, finish, usage } = await readStream(res, {
+        text: (all) => { $("p-output").textContent = all; },
+        reasoning: showReasoning,
+        calls: (all) => renderCalls(all, false),
       }));
     } else {
       const json = await res.json();
-      text = json.choices[0].message.content;
+      const message = json.choices[0].message;
+      text = message.content || "";
+      reasoning = message.reasoning_content || "";
+      calls = message.tool_calls || [];
       finish = json.choices[0].finish_reason;
       usage = json.usage;
       $("p-output").textContent = text;
+      showReasoning(reasoning);
     }
+    renderCalls(calls, true);
     const seconds = (performance.now() - started) / 1000;
     const tokens = usage ? usage.completion_tokens : null;
+    const thought = ((usage || {}).completion_tokens_details || {}).reasoning_tokens;
     say("p-meta", `finish: ${finish || "?"} · ${tokens ?? "?"} tokens in ${seconds.toFixed(2)} s` +
-      (tokens ? ` (${(tokens / seconds).toFixed(1)} tok/s)` : ""));
-    if (body.response_format || body.guided_decoding) await validate(body, text);
+      (tokens ? ` (${(tokens / seconds).toFixed(1)} tok/s)` : "") +
+      (thought ? ` · ${thought} reasoning tokens` : "") +
+      (calls.length ? ` · ${calls.length} tool call${calls.length > 1 ? "s" : ""}` : ""));
+    // A tool call answers instead of text: the text's constraint is then not the thing to check.
+    if ((body.response_format || body.guided_decoding) && !(calls.length && !text)) await validate(body, text);
+    if (calls.length && body.tools) await validateCalls(body, calls);
   } catch (err) {
     say("p-meta", err.name === "AbortError" ? "stopped" : `failed: ${err.message}`, err.name === "AbortError" ? "" : "bad");
   } finally {
@@ -337,20 +406,23 @@ async function send(event) {
   }
 }
 
-// Server-sent events of /v1/chat/completions: "data: {chunk}" lines, then "data: [DONE]".
-async function readStream(res, onText) {
+// Server-sent events of /v1/chat/completions: "data: {chunk}" lines, then "data: [DONE]". `on` gets the
+// text, the reasoning and the tool calls so far, each time one grows.
+async function readStream(res, on) {
   const reader = res.body.getReader();
   try {
-    return await readEvents(reader, onText);
+    return await readEvents(reader, on);
   } finally {
     reader.cancel().catch(() => {}); // an error event or a bad chunk: the node stops generating
   }
 }
 
-async function readEvents(reader, onText) {
+async function readEvents(reader, on) {
   const decoder = new TextDecoder();
   let buffer = "";
   let text = "";
+  let reasoning = "";
+  const calls = []; // by the deltas' index, as the openai client accumulates them
   let finish = null;
   let usage = null;
   for (;;) {
@@ -364,19 +436,116 @@ async function readEvents(reader, onText) {
       for (const line of event.split("\n")) {
         if (!line.startsWith("data: ")) continue;
         const data = line.slice(6);
-        if (data === "[DONE]") return { text, finish, usage };
+        if (data === "[DONE]") return { text, reasoning, calls: calls.filter(Boolean), finish, usage };
         const chunk = JSON.parse(data);
         if (chunk.error) throw new Error(chunk.error.message || "generation failed");
         if (chunk.usage) usage = chunk.usage;
         for (const choice of chunk.choices || []) {
-          const piece = (choice.delta || {}).content;
-          if (piece) {
-            text += piece;
-            onText(piece);
+          const delta = choice.delta || {};
+          if (delta.content) {
+            text += delta.content;
+            on.text(text);
+          }
+          if (delta.reasoning_content) {
+            reasoning += delta.reasoning_content;
+            on.reasoning(reasoning);
+          }
+          if (Array.isArray(delta.tool_calls) && delta.tool_calls.length) {
+            for (const part of delta.tool_calls) addCallDelta(calls, part);
+            on.calls(calls.filter(Boolean));
           }
           if (choice.finish_reason) finish = choice.finish_reason;
         }
       }
+    }
+  }
+}
+
+function addCallDelta(calls, part) {
+  const index = Number.isInteger(part.index) ? part.index : calls.length;
+  const call = calls[index] || (calls[index] = { id: "", type: "function", function: { name: "", arguments: "" } });
+  if (part.id) call.id = part.id;
+  if (part.type) call.type = part.type;
+  const fn = part.function || {};
+  if (typeof fn.name === "string") call.function.name += fn.name;
+  if (typeof fn.arguments === "string") call.function.arguments += fn.arguments;
+}
+
+function showReasoning(text) {
+  $("p-reasoning").textContent = text.replace(/^\s+/, ""); // templates open the block with a newline
+  $("p-reasoning-box").hidden = !text;
+}
+
+// Tool calls, apart from the text: the function's name, then its arguments (pretty-printed once they
+// are whole JSON; as they came while they stream, or when they do not parse).
+function renderCalls(calls, done = true) {
+  const list = $("p-calls");
+  $("p-calls-box").hidden = !calls.length;
+  while (list.children.length > calls.length) list.lastElementChild.remove();
+  calls.forEach((call, i) => {
+    const item = list.children[i] || list.appendChild(callItem());
+    const fn = call.function || {};
+    item.querySelector(".call-name").textContent = fn.name || "?";
+    item.querySelector(".call-id").textContent = call.id ? ` · ${call.id}` : "";
+    const args = fn.arguments ?? "";
+    let shown = args;
+    let note = "";
+    try {
+      shown = JSON.stringify(JSON.parse(args), null, 2);
+    } catch (_) {
+      if (done) note = "The arguments are not JSON.";
+    }
+    item.querySelector(".call-args").textContent = shown;
+    verdict(item.querySelector(".call-valid"), note, "bad");
+  });
+}
+
+function verdict(el, text, cls) {
+  el.textContent = text;
+  el.className = `call-valid ${cls}`;
+}
+
+function callItem() {
+  const li = document.createElement("li");
+  const head = document.createElement("p");
+  head.className = "call-head";
+  const name = document.createElement("code");
+  name.className = "call-name";
+  const id = document.createElement("span");
+  id.className = "call-id muted";
+  head.append(name, id);
+  const args = document.createElement("pre");
+  args.className = "call-args";
+  args.tabIndex = 0;
+  const check = document.createElement("p");
+  check.className = "call-valid";
+  li.append(head, args, check);
+  return li;
+}
+
+// Each call of the playground's tool, checked by the node against the tool's parameters schema.
+async function validateCalls(body, calls) {
+  const tool = body.tools[0].function;
+  const items = $("p-calls").children;
+  for (const [i, call] of calls.slice(0, 16).entries()) {
+    const fn = call.function || {};
+    const el = items[i] && items[i].querySelector(".call-valid");
+    if (!el || el.textContent) continue; // not JSON: already said
+    if (fn.name !== tool.name) {
+      verdict(el, `NOT valid: no tool is named ${fn.name}`, "bad");
+      continue;
+    }
+    const request = {
+      model: body.model,
+      messages: [{ role: "user", content: "tool arguments" }],
+      response_format: { type: "json_schema", json_schema: { name: "tool_arguments", schema: tool.parameters } },
+    };
+    try {
+      const res = await api("/console/api/validate", { json: { request, text: fn.arguments } });
+      const word = res.valid === true ? "valid" : res.valid === false ? "NOT valid" : "not checked";
+      verdict(el, `Arguments ${word}: ${res.detail}`, res.valid === true ? "good" : res.valid === false ? "bad" : "muted");
+    } catch (err) {
+      verdict(el, `validation unavailable: ${err.message}`, "bad");
     }
   }
 }
@@ -405,7 +574,8 @@ function freshBody() {
   try {
     return buildBody();
   } catch (err) {
-    say("p-check-result", err.message, "bad");
+    // A tool problem is said next to its field; the rest here.
+    say("p-check-result", err instanceof InlineError ? "" : err.message, "bad");
     return null;
   }
 }
@@ -415,7 +585,10 @@ function currentBody() {
   return state.lastBody || freshBody();
 }
 
-const EXTRA_FIELDS = ["guided_decoding", "top_k", "min_p", "repeat_penalty", "timeout"];
+const EXTRA_FIELDS = [
+  "guided_decoding", "top_k", "min_p", "repeat_penalty", "timeout",
+  "reasoning_format", "chat_template_kwargs", "thinking_budget_tokens", "thinking_budget_message",
+];
 
 function copyCurl() {
   const body = currentBody();
@@ -436,7 +609,8 @@ function copyPython() {
     "# edgellm's own fields go through extra_body",
     `extra = {k: body.pop(k) for k in ${JSON.stringify(EXTRA_FIELDS)} if k in body}`,
     "reply = client.chat.completions.create(**body, extra_body=extra)",
-    "print(reply.choices[0].message.content)",
+    "message = reply.choices[0].message",
+    "print(message.tool_calls or message.content)",
   ].join("\n"));
 }
 
@@ -552,8 +726,14 @@ document.addEventListener("DOMContentLoaded", () => {
   $("copy-jsonl").addEventListener("click", copyJsonLine);
   $("p-async").addEventListener("click", submitAsync);
   $("filters").addEventListener("submit", loadRequests);
-  for (const id of ["p-system", "p-user", "p-temperature", "p-max-tokens", "p-top-p", "p-seed", "p-guide", "p-spec"]) {
+  for (const id of ["p-system", "p-user", "p-temperature", "p-max-tokens", "p-top-p", "p-seed", "p-guide", "p-spec",
+    "p-tool-choice", "p-tool-name", "p-tool-desc", "p-tool-params", "p-tool-parallel"]) {
     $(id).addEventListener("input", () => { state.lastBody = null; });
+  }
+  for (const id of ["p-tool-name", "p-tool-params"]) {
+    $(id).addEventListener("input", () => {
+      if ($(id).getAttribute("aria-invalid")) clearToolProblem();
+    });
   }
   document.addEventListener("visibilitychange", () => { if (!document.hidden) poll(); });
   open();
