@@ -41,6 +41,15 @@ N_EMBD = 576  # the bundled SmolLM2-135M
 IMAGE_TOKENS = 16  # (image_size 32 / patch 8)^2 with the test projector
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
 def _node_python() -> str:
     venv = os.environ.get("EDGELLM_RATIO1_VENV")
     if not venv:
@@ -68,6 +77,10 @@ def _payloads() -> list[dict]:
     out.append(
         {**llm, "REQUEST_ID": "js", "MESSAGES": [{"role": "user", "content": "Describe a person as JSON."}],
          "RESPONSE_FORMAT": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "MAX_TOKENS": 64, "SEED": 7}
+    )  # fmt: skip
+    out.append(
+        {**llm, "REQUEST_ID": "tool", "MESSAGES": [{"role": "user", "content": "Weather in Paris?"}],
+         "TOOLS": [WEATHER_TOOL], "TOOL_CHOICE": "required", "MAX_TOKENS": 64, "SEED": 7}
     )  # fmt: skip
     return out
 
@@ -238,7 +251,7 @@ def test_every_drained_payload_is_answered_with_its_own_id(answers):
         assert (a["IS_VALID"], a["text"], a["MODEL_NAME"]) == (True, w, "SmolLM2-135M-Instruct.Q4_1.gguf")
         assert a["FULL_OUTPUT"][0]["choices"][0]["message"]["content"] == w
     # nothing is left unanswered; anything else on the loopback queue is refused, not answered as a request
-    assert set(by_id) == {*(f"fruit-{w}" for w in WORDS), "t0-0", "t0-1", "bad-temp", "js"}
+    assert set(by_id) == {*(f"fruit-{w}" for w in WORDS), "t0-0", "t0-1", "bad-temp", "js", "tool"}
     assert all(not a["IS_VALID"] for a in answers["answers"] if not a.get("REQUEST_ID"))
 
 
@@ -249,6 +262,17 @@ def test_temperature_zero_json_schema_and_invalid_through_the_node(answers):
     bad = by_id["bad-temp"]
     assert (bad["IS_VALID"], bad["STATUS_CODE"], bad["ERROR_TYPE"]) == (False, 400, "invalid_request")
     assert "temperature must be in [0, 1.5], got 9" in bad["ERROR"]
+
+
+def test_a_tool_call_through_the_node_is_valid(answers):
+    """TOOLS / TOOL_CHOICE in a payload: the serving constrains the call as the native host does."""
+    tool = next(a for a in answers["answers"] if a.get("REQUEST_ID") == "tool")
+    assert tool["IS_VALID"] is True, tool.get("ERROR")
+    choice = tool["FULL_OUTPUT"][0]["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call, *_) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_TOOL["function"]["parameters"])
 
 
 def test_an_image_reaches_the_model_through_the_serving(media_answers):
