@@ -37,6 +37,7 @@ SLOW_FILES = (
     "test_modes_and_auth.py",
     "test_resilience.py",
     "test_openai_route.py",
+    "test_tool_calls_http.py",
     "test_sdnotify.py",
     "test_book_of_record.py",
     "test_fuzz_openapi.py",

@@ -145,6 +145,7 @@ class OutputProcessor:
         return dataclasses.replace(
             head,
             delta="",  # each sample's last text is in its own entry of `choices`
+            events=[],
             new_logprobs=[],
             finish_reason=out.finish_reason if failed else head.finish_reason,
             stop_cause=out.stop_cause if failed else head.stop_cause,

@@ -112,9 +112,9 @@ def test_presence_and_frequency_penalties_change_the_output(client, model_id):
         ({"max_tokens": 99999}, openai.BadRequestError, "max_tokens must be in [1, 4096]"),
         ({"n": 17}, openai.BadRequestError, "n must be in [1, 16]"),
         (
-            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"},
             openai.BadRequestError,
-            "'tools' is not supported",
+            "tool_choice must be one of none, auto, required",
         ),
         ({"temperature": 1.9}, openai.BadRequestError, "temperature must be in [0, 1.5]"),
         ({"response_format": {"type": "yaml"}}, openai.BadRequestError, "Unsupported response_format type 'yaml'"),
