@@ -194,6 +194,8 @@ def drive(base: str, clients: int, indices: list[int], mode: str, max_tokens: in
             if calls and choice["finish_reason"] != "tool_calls":
                 acc["problems"].append({"request": b, "response": out, "why": "tool calls but finish not tool_calls"})
             acc["with_calls"] += bool(calls)
+            if mode != "plain" and not calls and "tool_calls" in (choice["message"].get("content") or ""):
+                acc["untriggered"] += 1  # an envelope in the text that the trigger did not catch (auto)
             for call in calls:
                 acc["calls"] += 1
                 why = call_problem(call)
@@ -223,6 +225,7 @@ def new_acc() -> dict:
         "calls": 0,
         "valid": 0,
         "with_calls": 0,
+        "untriggered": 0,
         "finish": {},
         "problems": [],
         "samples": [],
@@ -253,6 +256,7 @@ def summary(acc: dict, n: int) -> dict:
         "step_ms_per_step": step_ms / e["steps"] if e["steps"] else 0.0,
         "guide_share": e["guide"] / step_ms if step_ms else 0.0,
         "responses_with_calls": acc["with_calls"],
+        "call_text_in_content": acc["untriggered"],
         "calls": acc["calls"],
         "valid_calls": acc["valid"],
         "finish": acc["finish"],
@@ -321,9 +325,9 @@ def main() -> int:
     print(
         "| clients | mode | tok/s | vs plain | p50 s | p95 s | prompt tok (decoded/reused) | tok/step | "
         "guide ms/step | step ms | guide share | "
-        "responses with calls | valid calls / calls | failed |"
+        "responses with calls | call text in content | valid calls / calls | failed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c, per_mode in results.items():
         plain = per_mode["plain"]["tok_s"]
         for m, s in per_mode.items():
@@ -334,7 +338,8 @@ def main() -> int:
                 f"{s['prompt_tokens_per_request']:.0f} ({s['engine_prompt_tokens_decoded']}/"
                 f"{s['engine_prompt_tokens_reused']}) | {f2(s['tokens_per_step'])} | "
                 f"{s['guide_ms_per_step']:.2f} | {s['step_ms_per_step']:.1f} | {100 * s['guide_share']:.1f}% | "
-                f"{s['responses_with_calls']}/{s['requests'] - s['failed']} | {calls} | {s['failed']} |"
+                f"{s['responses_with_calls']}/{s['requests'] - s['failed']} | {s['call_text_in_content']} | "
+                f"{calls} | {s['failed']} |"
             )
     for c, m, p in problems[: args.show_problems]:
         print(f"\nproblem C={c} {m}: {json.dumps(p)[:3000]}")
