@@ -16,6 +16,7 @@ from typing import Any
 from edgellm import jsonsafe
 from edgellm.api.display import kind_of, show, show_name
 from edgellm.api.json_values import has_surrogate, json_problem, json_size
+from edgellm.engine.chat_format import RESERVED_TEMPLATE_NAMES
 from edgellm.engine.guide_llguidance import MAX_GUIDE_BYTES, grammar_for
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import GuideError, InvalidRequest
@@ -29,11 +30,6 @@ TOOL_CHOICES = ("none", "auto", "required")
 REASONING_FORMATS = ("auto", "none", "deepseek")  # deepseek: llama-server's name for auto
 # OpenAI's reasoning_effort, as thinking budgets (tokens of the reasoning block).
 EFFORT_BUDGETS = {"none": 0, "minimal": 0, "low": 256, "medium": 1024, "high": 4096}
-# Names the template renderer sets itself (engine/model.py): chat_template_kwargs may not override them.
-RESERVED_TEMPLATE_KWARGS = frozenset(
-    "messages eos_token bos_token raise_exception add_generation_prompt functions function_call tools "
-    "tool_choice strftime_now".split()
-)
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -184,14 +180,16 @@ def tool_call_id(i: int, value: Any, call_ids: set[str]) -> str:
     return value
 
 
+def _one_of(value: Any, choices: Any, name: str) -> Any:
+    if value not in choices:
+        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}, got {show(value)}", param=name)
+    return value
+
+
 def reasoning_format(value: Any) -> str:
     if value is None:
         return "auto"
-    if value not in REASONING_FORMATS:
-        raise InvalidRequest(
-            f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {show(value)}",
-            param="reasoning_format",
-        )
+    value = _one_of(value, REASONING_FORMATS, "reasoning_format")
     return "auto" if value == "deepseek" else value
 
 
@@ -205,7 +203,7 @@ def template_kwargs(value: Any) -> dict[str, Any]:
     problem = json_problem(value, "chat_template_kwargs", max_depth=16)
     if problem:
         raise InvalidRequest(problem, param="chat_template_kwargs")
-    reserved = sorted(k for k in value if k in RESERVED_TEMPLATE_KWARGS)
+    reserved = sorted(k for k in value if k in RESERVED_TEMPLATE_NAMES)
     if reserved:
         raise InvalidRequest(
             f"chat_template_kwargs may not set {show_name(reserved[0])} (the node sets it)",
@@ -225,12 +223,7 @@ def thinking_budget(value: Any, effort: Any, max_tokens: int) -> int | None:
             "set either thinking_budget_tokens or reasoning_effort, not both", param="thinking_budget_tokens"
         )
     if effort is not None:
-        if effort not in EFFORT_BUDGETS:
-            raise InvalidRequest(
-                f"reasoning_effort must be one of {', '.join(EFFORT_BUDGETS)}, got {show(effort)}",
-                param="reasoning_effort",
-            )
-        return EFFORT_BUDGETS[effort]
+        return EFFORT_BUDGETS[_one_of(effort, EFFORT_BUDGETS, "reasoning_effort")]
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == -1):
         return None  # llama-server's -1: unlimited
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= max(max_tokens, 0):

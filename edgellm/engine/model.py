@@ -21,7 +21,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from edgellm.engine import test_hooks
-from edgellm.engine.chat_format import ChatFormat
+from edgellm.engine.chat_format import RESERVED_TEMPLATE_NAMES, ChatFormat
 from edgellm.engine.chat_format import detect as detect_chat_format
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
@@ -35,11 +35,6 @@ CHATML_TEMPLATE = (
 )
 
 _backend_ready = False
-# Names the formatter passes to the template itself: a template kwarg must not collide with them.
-_RESERVED_TEMPLATE_NAMES = frozenset(
-    "messages eos_token bos_token raise_exception add_generation_prompt functions function_call tools "
-    "tool_choice strftime_now".split()
-)
 
 
 @dataclass(frozen=True)
@@ -239,7 +234,7 @@ class LlamaModel:
         template_kwargs: dict | None = None,
         tools: list[dict] | None = None,
     ) -> str:
-        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_NAMES}
+        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_NAMES}
         if tools:
             kwargs["tools"] = tools  # Hugging Face templates render them (Hermes/Qwen, Llama 3.1, Mistral)
         # Content parts render as their text, each image/audio as llama.cpp's media marker.
