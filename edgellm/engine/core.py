@@ -177,6 +177,9 @@ class EngineCore:
             media=self.scheduler.media_caps(),
             pid=os.getpid(),
             chat_format=model.chat_format.as_dict(),
+            infill=model.fim_tokens() is not None,
+            n_embd=model.n_embd,
+            embed_ctx=self.scheduler.tasks.embed_ctx,
         )
 
     @property

@@ -31,6 +31,9 @@ class EngineInfo:
     pid: int
     # ChatFormat.as_dict() (engine/chat_format.py): how the template writes tool calls, whether it thinks
     chat_format: dict[str, Any] = field(default_factory=dict)
+    infill: bool = False  # the vocabulary has fill-in-the-middle tokens (/v1/completions `suffix`)
+    n_embd: int = 0  # the width of an embedding (/v1/embeddings)
+    embed_ctx: int = 0  # the most tokens one embedding input may have
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

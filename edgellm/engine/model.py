@@ -108,6 +108,7 @@ class LlamaModel:
         self.offload = self._load(config, hooks.gpu_load_failure)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = int(L.llama_model_n_embd(self.model))
         self.n_threads = config.n_threads or default_threads()
         self.n_slots = config.n_slots
         self.slot_ctx = config.n_ctx // config.n_slots
@@ -327,10 +328,43 @@ class LlamaModel:
                 tokens += self._content_tokens(m.get("content"), True, media)
         else:
             tokens = self.tokenize(text, special=True)
+        return self.with_bos(tokens)
+
+    def with_bos(self, tokens: list[int]) -> list[int]:
+        """The tokens after the model's BOS, when its vocabulary asks for one and they do not start with it."""
         bos = L.llama_vocab_bos(self.vocab)
         if L.llama_vocab_get_add_bos(self.vocab) and bos >= 0 and tokens[:1] != [bos]:
-            tokens.insert(0, bos)
+            return [bos, *tokens]
         return tokens
+
+    def with_special(self, tokens: list[int]) -> list[int]:
+        """The tokens with the BOS (and EOS) the vocabulary adds to a sequence, where it asks for them."""
+        tokens = self.with_bos(tokens)
+        eos = L.llama_vocab_eos(self.vocab)
+        if L.llama_vocab_get_add_eos(self.vocab) and eos >= 0 and tokens[-1:] != [eos]:
+            tokens = [*tokens, eos]
+        return tokens
+
+    def input_tokens(self, text: str) -> list[int]:
+        """A text input (an embedding input): tokenized as text, control-token text included, with the
+        vocabulary's BOS/EOS."""
+        return self.with_special(self.tokenize(text, special=False))
+
+    def checked_ids(self, tokens: Any, param: str) -> list[int]:
+        """Token ids a client sent: integers in the vocabulary, else a 400 naming `param`."""
+        if not isinstance(tokens, list):
+            raise InvalidRequest(f"{param} must be an array of token ids", param=param)
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab:
+                raise InvalidRequest(
+                    f"{param}: token id {t!r} is outside the vocabulary [0, {self.n_vocab - 1}]"[:300], param=param
+                )
+        return list(tokens)
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The model's fill-in-the-middle prefix, suffix and middle tokens; None where it has none."""
+        ids = tuple(int(getattr(L, f"llama_vocab_fim_{k}")(self.vocab)) for k in ("pre", "suf", "mid"))
+        return ids if all(t >= 0 for t in ids) else None
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         try:

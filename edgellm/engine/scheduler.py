@@ -19,15 +19,16 @@ import numpy as np
 from edgellm.engine.cpu_share import ThreadGovernor
 from edgellm.engine.draft import propose
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
-from edgellm.engine.model import LlamaModel
+from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.projector import MediaCollector, Projector
 from edgellm.engine.samples import SampleGroup
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
+from edgellm.engine.tasks import Tasks
 from edgellm.engine.thinking import prompt_opens
 from edgellm.engine.token_step import Finish, TokenStep
-from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, GuideKind
+from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, GuideKind
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest, QueueFull
 from edgellm.media.types import MediaCaps
 
@@ -67,6 +68,7 @@ class Scheduler:
         self.threads.enabled &= model.config.adaptive_threads
         self._adapter: tuple[str, float] | None = None  # the LoRA adapter applied to the context now
         self._adapters = None  # lora.AdapterCache, created by the first request that names an adapter
+        self.tasks = Tasks(model, self._preparer)  # requests that take no slot: embeddings, tokenizer, template
 
     # -- intake ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> EngineOutput | None:
@@ -81,6 +83,9 @@ class Scheduler:
             return EngineOutput.failure(request.request_id, exc.message, exc.error_type)
         if request.deadline is None and request.timeout_s is not None:
             request.deadline = time.time() + request.timeout_s
+        if request.task is not EngineTask.GENERATE:
+            self.tasks.add(request)
+            return None
         self.waiting.append(PreparedRequest(request, self._preparer.submit(self._prepare, request)))
         return None
 
@@ -95,7 +100,11 @@ class Scheduler:
             MediaCollector(self.projector, request.media, self.model.n_batch) if self.projector is not None else None
         )
         try:
-            if request.apply_chat_template:
+            if request.prompt_tokens is not None:
+                prompt = self.model.with_bos(self.model.checked_ids(request.prompt_tokens, "prompt"))
+            elif request.infill_suffix is not None:
+                prompt = self._infill_prompt(request)
+            elif request.apply_chat_template:
                 prompt = self.model.chat_tokens(
                     request.messages,
                     limit=room,
@@ -130,6 +139,18 @@ class Scheduler:
         ]
         return Prompt(prompt, media, thinking_open=opened), guides
 
+    def _infill_prompt(self, request: EngineRequest) -> list[int]:
+        """Fill-in-the-middle: <FIM_PRE> prompt <FIM_SUF> suffix <FIM_MID>, the model then writes the middle."""
+        fim = self.model.fim_tokens()
+        if fim is None:
+            raise InvalidRequest(
+                "suffix needs a model with fill-in-the-middle tokens; this one has none", param="suffix"
+            )
+        pre, suf, mid = fim
+        prefix = self.model.tokenize(raw_prompt_text(request.messages), special=True)
+        suffix = self.model.tokenize(request.infill_suffix or "", special=False)
+        return self.model.with_bos([pre, *prefix, suf, *suffix, mid])
+
     def _tail_bytes(self, prompt: list[int], n: int = 16) -> bytes:
         """The text of the prompt's last tokens (media stand-ins are negative: skipped)."""
         return b"".join(self.model.piece(t, special=True) for t in prompt[-n:] if t >= 0)
@@ -138,19 +159,20 @@ class Scheduler:
         self._aborted.add(request_id)
 
     def has_work(self) -> bool:
-        return self.can_step() or bool(self.waiting)
+        return self.can_step() or bool(self.waiting) or self.tasks.pending()
 
     def can_step(self) -> bool:
         """True when step() has something to do now (not just requests still being prepared)."""
         if any(s.state is not SlotState.IDLE for s in self.slots) or any(g.unstarted for g in self.groups):
             return True
-        return any(p.ready for p in self.waiting)
+        return any(p.ready for p in self.waiting) or self.tasks.ready()
 
     def wait_prepared(self, timeout_s: float) -> None:
         """Block up to timeout_s for the oldest request in preparation (the idle worker's sleep)."""
         head = next((p for p in self.waiting if not p.ready), None)
-        if head is not None:
-            futures_wait([head.future], timeout=timeout_s)
+        futures = ([head.future] if head is not None else []) + self.tasks.waiting()
+        if futures:
+            futures_wait(futures, timeout=timeout_s, return_when="FIRST_COMPLETED")
 
     def wait_all_prepared(self, timeout_s: float) -> None:
         """Block up to timeout_s until every waiting request is prepared (the self-test admits its
@@ -172,6 +194,9 @@ class Scheduler:
         """Drop cancelled work, admit waiting requests, then schedule -> decode -> update_from_output."""
         outputs: list[EngineOutput] = []
         self.threads.tick()
+        if self.tasks.pending():
+            # Before the slots' step, so that an embedding batch and a decode step take turns.
+            outputs += self.tasks.step(self._aborted)
         self._drop_cancelled(outputs)
         self._admit(outputs)
         self._propose_drafts()
@@ -570,6 +595,7 @@ class Scheduler:
     def close(self) -> None:
         # Wait for a preparation in progress: it tokenizes with the model the caller frees next.
         self._preparer.shutdown(wait=True, cancel_futures=True)
+        self.tasks.close()
         for slot in self.slots:
             slot.media = []  # chunks hold pixels; free them before the projector goes
         if self.projector is not None:

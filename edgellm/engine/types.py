@@ -29,6 +29,18 @@ class GuideKind(StrEnum):
     STRUCTURAL_TAG = "structural_tag"
 
 
+class EngineTask(StrEnum):
+    """What a request asks of the engine. Only GENERATE takes a slot; the others are answered from the
+    prepare pool (TOKENIZE, DETOKENIZE, RENDER: the model's tokenizer and chat template) or batched
+    between generation steps on the embedding context (EMBED). Their answer is EngineOutput.result."""
+
+    GENERATE = "generate"
+    EMBED = "embed"  # payload {"inputs": [str | list[int]], "normalize": bool}
+    TOKENIZE = "tokenize"  # payload {"content": str, "add_special": bool, "parse_special": bool, "with_pieces": bool}
+    DETOKENIZE = "detokenize"  # payload {"tokens": [int]}
+    RENDER = "render"  # messages/tools/template_kwargs as for GENERATE; payload {"count_only": bool}
+
+
 class StopCause(StrEnum):
     """What ended a FinishReason.STOP request (the TensorRT-Edge-LLM format tells them apart)."""
 
@@ -138,6 +150,14 @@ class EngineRequest:
     # How the API reads the reply (api/reply.py's ReplySpec): carried for whoever assembles the output
     # (the service, the offline engine); the engine never looks at it.
     reply: Any = None
+    # The prompt as token ids (/v1/completions with token prompts): used as they are instead of
+    # `messages` (after the BOS the vocabulary asks for, unless they start with it).
+    prompt_tokens: list[int] | None = None
+    # Fill-in-the-middle (/v1/completions `suffix`): the prompt is the model's FIM prefix token, the
+    # raw prompt, its FIM suffix token, this text and its FIM middle token (models without them refuse).
+    infill_suffix: str | None = None
+    task: EngineTask = EngineTask.GENERATE
+    payload: dict[str, Any] = field(default_factory=dict)  # the task's arguments (see EngineTask)
 
     @property
     def media_parts(self) -> bool:
@@ -193,6 +213,7 @@ class EngineOutput:
     # final, n > 1: each sample's own final output, by index; the fields above then describe the
     # request (finish_reason, error and timings of sample 0 or the first failed one; token counts summed).
     choices: list[EngineOutput] | None = None
+    result: Any = None  # final, tasks other than GENERATE: their answer (plain data)
 
     @classmethod
     def failure(

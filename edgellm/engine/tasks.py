@@ -1,0 +1,236 @@
+"""The engine's requests that take no slot (EngineTask other than GENERATE).
+
+- TOKENIZE, DETOKENIZE, RENDER: the model's own tokenizer and chat template, run in the scheduler's
+  prepare pool (a 600 KB text delays only its own answer, never a decode step), answered as soon as
+  they are done.
+- EMBED: inputs are tokenized in the prepare pool, then batched on the embedding context
+  (engine/embedder.py), one decode of at most `Embedder.n_ctx` tokens per engine step, between
+  generation steps: like a prompt chunk, an embedding batch delays generation by one decode at most.
+
+Each answer is a final EngineOutput whose `result` holds plain data (the vectors as a float32 array).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgellm.engine.embedder import MAX_SEQUENCES, Embedder, cells, normalize
+from edgellm.engine.model import LlamaModel
+from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
+from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+EMBED_CTX_TOKENS = 512  # the embedding context: the longest input, and the most tokens one batch decodes
+
+
+@dataclass(eq=False)  # compared and hashed by identity: a job is in the queue once
+class EmbedJob:
+    """One EMBED request: its inputs' tokens (from the prepare pool), and the rows computed so far."""
+
+    request: EngineRequest
+    future: Future[list[list[int]]]
+    rows: list[np.ndarray | None] = field(default_factory=list)
+    next_input: int = 0  # inputs before this one are in a batch already
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def inputs(self) -> list[list[int]]:
+        return self.future.result()
+
+
+class Tasks:
+    """The queue of slot-less requests; the scheduler adds to it and collects its outputs each step."""
+
+    def __init__(self, model: LlamaModel, pool: ThreadPoolExecutor, *, embed_ctx: int = EMBED_CTX_TOKENS):
+        self.model = model
+        self.pool = pool
+        self.embed_ctx = min(embed_ctx, model.slot_ctx)
+        self.utility: list[tuple[EngineRequest, Future[dict[str, Any]]]] = []
+        self.embeds: deque[EmbedJob] = deque()
+        self.embedder: Embedder | None = None
+        self.embedded_inputs = 0  # counters for /metrics
+        self.embed_batches = 0
+
+    # -- intake ------------------------------------------------------------------------------
+    def add(self, request: EngineRequest) -> None:
+        if request.task is EngineTask.EMBED:
+            self.embeds.append(EmbedJob(request, self.pool.submit(self._embed_tokens, request)))
+        else:
+            self.utility.append((request, self.pool.submit(self._utility, request)))
+
+    def pending(self) -> bool:
+        return bool(self.utility or self.embeds)
+
+    def ready(self) -> bool:
+        """Whether step() has something to do now."""
+        return any(f.done() for _, f in self.utility) or any(j.future.done() for j in self.embeds)
+
+    def waiting(self) -> list[Future]:
+        return [f for _, f in self.utility] + [j.future for j in self.embeds if not j.future.done()]
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self, cancelled: set[str]) -> list[EngineOutput]:
+        """Answers that are ready, and one embedding batch."""
+        outputs: list[EngineOutput] = []
+        for request, future in [(r, f) for r, f in self.utility if f.done()]:
+            self.utility.remove((request, future))
+            outputs.append(_answer(request, future))
+        self._drop(outputs, cancelled)
+        batch = self._next_batch(outputs)
+        if batch:
+            self._run(batch, outputs)
+        return outputs
+
+    def _drop(self, outputs: list[EngineOutput], cancelled: set[str]) -> None:
+        """Embedding jobs cancelled, past their deadline, or whose inputs could not be prepared."""
+        now = time.time()
+        for job in list(self.embeds):
+            rid = job.request.request_id
+            if rid in cancelled:
+                reason = FinishReason.ABORT
+            elif job.request.deadline is not None and now >= job.request.deadline:
+                reason = FinishReason.TIMEOUT
+            elif job.future.done() and job.future.exception() is not None:
+                self.embeds.remove(job)
+                outputs.append(_answer(job.request, job.future))
+                continue
+            else:
+                continue
+            self.embeds.remove(job)
+            text = "request deadline passed" if reason is FinishReason.TIMEOUT else "request cancelled"
+            outputs.append(EngineOutput.failure(rid, text, None, reason))
+
+    def _next_batch(self, outputs: list[EngineOutput]) -> list[tuple[EmbedJob, int]]:
+        """(job, input index) pairs for one decode: inputs in arrival order while they fit."""
+        batch: list[tuple[EmbedJob, int]] = []
+        tokens = 0
+        for job in self.embeds:
+            if not job.future.done():
+                break  # first come, first served: a later request does not overtake one in preparation
+            inputs = job.inputs
+            if not job.rows:
+                job.rows = [None] * len(inputs)
+            while job.next_input < len(inputs):
+                size = cells(len(inputs[job.next_input]))
+                if len(batch) >= MAX_SEQUENCES or tokens + size > self.embed_ctx:
+                    return batch
+                batch.append((job, job.next_input))
+                tokens += size
+                job.next_input += 1
+        return batch
+
+    def _run(self, batch: list[tuple[EmbedJob, int]], outputs: list[EngineOutput]) -> None:
+        try:
+            if self.embedder is None:
+                self.embedder = Embedder(self.model, self.embed_ctx)
+            rows = self.embedder.embed([job.inputs[i] for job, i in batch])
+        except Exception as exc:  # the batch's requests fail, never the worker
+            message, kind = (exc.message, exc.error_type) if isinstance(exc, EdgeLLMError) else (repr(exc), None)
+            log.warning("embedding batch failed: %s", message, exc_info=not isinstance(exc, EdgeLLMError))
+            for job in dict.fromkeys(job for job, _ in batch):
+                self.embeds.remove(job)
+                outputs.append(EngineOutput.failure(job.request.request_id, message[:500], kind or "engine_error"))
+            return
+        self.embed_batches += 1
+        self.embedded_inputs += len(batch)
+        for (job, i), row in zip(batch, rows, strict=True):
+            job.rows[i] = row
+        for job in dict.fromkeys(job for job, _ in batch):
+            if job.next_input == len(job.inputs) and all(r is not None for r in job.rows):
+                self.embeds.remove(job)
+                outputs.append(self._embedding_output(job))
+
+    def _embedding_output(self, job: EmbedJob) -> EngineOutput:
+        matrix = np.stack(job.rows)
+        if job.request.payload.get("normalize", True):
+            matrix = normalize(matrix)
+        n_tokens = sum(len(t) for t in job.inputs)
+        out = EngineOutput(job.request.request_id, True, finish_reason=FinishReason.STOP, prompt_tokens=n_tokens)
+        out.result = {"embeddings": matrix.astype(np.float32), "pooling": self.embedder.pooling}
+        out.timings = {"embed_ms": 1000 * (time.monotonic() - job.started_at)}
+        return out
+
+    def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+            self.embedder = None
+
+    # -- in the prepare pool -----------------------------------------------------------------
+    def _embed_tokens(self, request: EngineRequest) -> list[list[int]]:
+        """Each input's tokens: a string tokenized as text (control-token text stays text), with the
+        BOS/EOS the vocabulary asks for; token ids as given. Each must fit the embedding context."""
+        model = self.model
+        out: list[list[int]] = []
+        for i, item in enumerate(request.payload.get("inputs", [])):
+            tokens = model.input_tokens(item) if isinstance(item, str) else model.checked_ids(item, f"input[{i}]")
+            if not tokens:
+                raise InvalidRequest(f"input[{i}] is empty", param="input")
+            if cells(len(tokens)) > self.embed_ctx:
+                raise ContextLengthExceeded(
+                    f"input[{i}] is {len(tokens)} tokens; an embedding input holds at most {self.embed_ctx}"
+                )
+            out.append(tokens)
+        if not out:
+            raise InvalidRequest("input must not be empty", param="input")
+        return out
+
+    def _utility(self, request: EngineRequest) -> dict[str, Any]:
+        model, p = self.model, request.payload
+        if request.task is EngineTask.TOKENIZE:
+            tokens = model.tokenize(p["content"], special=bool(p.get("parse_special", True)))
+            if p.get("add_special"):
+                tokens = model.with_special(tokens)
+            body: dict[str, Any] = {"tokens": tokens}
+            if p.get("with_pieces"):
+                body["pieces"] = [{"id": t, "piece": _piece_text(model.piece(t, special=True))} for t in tokens]
+            return body
+        if request.task is EngineTask.DETOKENIZE:
+            tokens = model.checked_ids(p.get("tokens", []), "tokens")
+            text = b"".join(model.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
+            return {"content": text}
+        if request.task is EngineTask.RENDER:
+            options = {
+                "add_generation_prompt": request.add_generation_prompt,
+                "template_kwargs": request.template_kwargs,
+                "tools": request.tools,
+            }
+            room = model.slot_ctx - 1
+            if request.apply_chat_template:
+                prompt = model.render_chat(request.messages, **options)
+                n = len(model.chat_tokens(request.messages, **options))
+            else:
+                prompt = "".join(str(m.get("content") or "") for m in request.messages)
+                n = len(model.raw_tokens(request.messages))
+            return {"prompt": prompt, "n_tokens": n, "fits": n <= room, "slot_ctx": model.slot_ctx}
+        raise EngineError(f"unknown engine task {request.task!r}")
+
+
+def _piece_text(data: bytes) -> str | list[int]:
+    """A token's text where it is valid UTF-8 on its own, else its bytes (llama-server's shape)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+def _answer(request: EngineRequest, future: Future) -> EngineOutput:
+    exc = future.exception()
+    if exc is None:
+        out = EngineOutput(request.request_id, True, finish_reason=FinishReason.STOP)
+        out.result = future.result()
+        out.prompt_tokens = int(out.result.get("n_tokens", 0)) if isinstance(out.result, dict) else 0
+        return out
+    if isinstance(exc, EdgeLLMError):
+        return EngineOutput.failure(request.request_id, exc.message, exc.error_type)
+    log.error("engine task %s failed", request.request_id, exc_info=exc)
+    return EngineOutput.failure(
+        request.request_id, f"internal error in the {request.task} task: {exc!r}"[:500], "engine_error"
+    )

@@ -1,0 +1,84 @@
+"""The routes answered by engine tasks that take no slot: POST /v1/embeddings (OpenAI), and llama-server's
+/tokenize, /detokenize and /apply-template, plus /v1/chat/completions/input_tokens (a prompt's count).
+
+Same auth, body limits and strict JSON as every route; /v1 errors in OpenAI's shape, the others in
+the node's envelope (the app's EdgeLLMError handler).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from edgellm.api.embeddings_compat import embeddings_body, parse_detokenize, parse_embeddings, parse_tokenize
+from edgellm.api.openai_compat import error_body
+from edgellm.api.service import Service
+from edgellm.errors import EdgeLLMError
+from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
+from edgellm.runtime.http_common import authenticate, read_json_body
+
+TASK_TIMEOUT_S = 120.0  # tokenizer and template answers; embeddings get the node's default timeout
+
+
+def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) -> None:
+    def info() -> dict[str, Any]:
+        return (service.engine.info or {}) if service.engine is not None else {}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        try:
+            authenticate(service, request)
+            body = await read_json_body(request, max_body_bytes)
+            call = parse_embeddings(
+                body,
+                service.model_name,
+                n_embd=int(info().get("n_embd") or 0),
+                max_bytes=service.config.max_prompt_bytes,
+            )
+            out = await service.run_task(call.request, service.config.default_timeout_s)
+        except EdgeLLMError as exc:
+            return JSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
+        return embeddings_body(out.result["embeddings"], call, service.model_name, out.prompt_tokens)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        authenticate(service, request)
+        body = await read_json_body(request, max_body_bytes)
+        out = await service.run_task(parse_tokenize(body, service.config.max_prompt_bytes), TASK_TIMEOUT_S)
+        return out.result
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        authenticate(service, request)
+        body = await read_json_body(request, max_body_bytes)
+        limit = max(1, service.config.max_prompt_bytes // 2)
+        return (await service.run_task(parse_detokenize(body, limit), TASK_TIMEOUT_S)).result
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        """An OpenAI chat body (model optional) -> the prompt text this node would run for it."""
+        authenticate(service, request)
+        chat = await _chat(request)
+        out = await service.render(chat)
+        return {"prompt": out.result["prompt"]}
+
+    @app.post("/v1/chat/completions/input_tokens")
+    async def input_tokens(request: Request):
+        """The prompt tokens a chat-completions body would run with (tools and template kwargs included)."""
+        try:
+            authenticate(service, request)
+            chat = await _chat(request)
+            n = await service.count_prompt_tokens(chat)
+        except EdgeLLMError as exc:
+            return JSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
+        return {"object": "input_tokens", "input_tokens": n}
+
+    async def _chat(request: Request):
+        body = await read_json_body(request, max_body_bytes)
+        if isinstance(body, dict) and "model" not in body:
+            body = {**body, "model": service.model_name}
+        if isinstance(body, dict):
+            body.pop("stream", None)
+        chat, _ = await service.parse_openai(body)
+        return chat
