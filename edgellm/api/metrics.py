@@ -1,4 +1,5 @@
-"""Prometheus instruments of one Service: request outcomes, latency and TTFT histograms, token counts.
+"""Prometheus instruments of one Service: request outcomes, latency and TTFT histograms, token counts,
+HTTP responses by route and status code.
 
 Each Service owns a `CollectorRegistry` of its own rather than prometheus_client's global default: a
 process may hold several services (tests do), and the global registry would refuse the second
@@ -159,6 +160,14 @@ class ServiceMetrics:
         self.generated_tokens = Counter(
             "edgellm_generated_tokens", "Tokens generated for finished requests", registry=self.registry
         )
+        # Every HTTP response by route template ("other" for a path no route serves) and status code:
+        # runtime/http_guard.CountResponses reports each one.
+        self.http = Counter(
+            "edgellm_http_requests",
+            "HTTP responses by route template and status code",
+            ["route", "code"],
+            registry=self.registry,
+        )
         self.live = live
         if live is not None:
             self.registry.register(_LiveCollector(live))
@@ -166,6 +175,10 @@ class ServiceMetrics:
     # -- what happened (any thread) ----------------------------------------------------------------
     def count(self, outcome: str) -> None:
         self.requests.labels(outcome if outcome in OUTCOMES else "failed").inc()
+
+    def count_http(self, route: str, code: int) -> None:
+        """One HTTP response sent; `route` must come from a bounded set (the app's path templates)."""
+        self.http.labels(route, str(code)).inc()
 
     def finished(
         self,
@@ -198,6 +211,13 @@ class ServiceMetrics:
 
     def counts(self) -> dict[str, int]:
         return {**dict.fromkeys(OUTCOMES, 0), **{key[0]: n for key, n in self.totals(self.requests).items()}}
+
+    def http_counts(self) -> dict[str, dict[str, int]]:
+        """HTTP responses as {route: {code: n}}, routes and codes sorted."""
+        by_route: dict[str, dict[str, int]] = {}
+        for (route, code), n in sorted(self.totals(self.http).items()):
+            by_route.setdefault(route, {})[code] = n
+        return by_route
 
     @staticmethod
     def summary_ms(histogram: Histogram) -> dict[str, Any]:
@@ -237,6 +257,7 @@ class ServiceMetrics:
             },
             "engine": live.get("engine", {}),
             "engine_restarts": live.get("engine_restarts", 0),
+            "http_requests": self.http_counts(),
         }
 
     def prometheus_text(self) -> bytes:

@@ -4,13 +4,16 @@ What it refuses, and why:
 - a Host that is not this loopback node's (DNS rebinding: a web page whose name resolves to
   127.0.0.1 would otherwise read our answers) -> 421;
 - a POST/PUT/PATCH body that is not `application/json` (a browser sends text/plain, form and
-  multipart bodies cross-origin without a CORS preflight; JSON needs one, which we never grant) -> 415;
+  multipart bodies cross-origin without a CORS preflight; JSON needs one, granted only to the
+  origins in `cors_origins`, none by default: runtime/cors.py) -> 415;
 - a declared or streamed body over `max_body_bytes` -> 413, reading stops there;
 - a body that does not arrive within `body_timeout_s` -> 408; headers that do not arrive within
   `header_timeout_s` -> 408 and the connection closes (slowloris).
 On SIGTERM (`Drain`), requests that have not started their answer by the end of the grace
 period get a JSON 503 naming their request id, instead of uvicorn's bare text 500.
-No CORS headers are ever sent: the node is not meant to be called from web pages.
+CORS headers are sent only to the origins listed in `cors_origins` (runtime/cors.py, outside this
+guard so its refusals carry them too); by default none: the node is not meant to be called from web
+pages. `CountResponses`, outermost, counts every response by route template and status code.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.routing import Match
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgellm.errors import (
@@ -224,6 +228,57 @@ class HttpGuard:
         if declared and declared.isdigit():
             return body_too_large(int(declared), self.config.max_body_bytes)
         return None
+
+
+OTHER_ROUTE = "other"  # the route label of a path no route serves: label cardinality stays bounded
+
+
+def route_template(routes: Iterable[Any], scope: Scope) -> str:
+    """The path template of the route that serves this path ("/console/assets/{name}"), whatever the
+    method (a 405 or a preflight counts under its route too), else OTHER_ROUTE."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            return getattr(route, "path", None) or OTHER_ROUTE
+    return OTHER_ROUTE
+
+
+class CountResponses:
+    """Pure ASGI middleware, outermost: each HTTP response counted as `count(route, status code)`.
+
+    `routes`: the app's route list (read at each request: routes added after this is built count).
+    A request that ends with no response started counts as 500 (the server error middleware answers
+    it), or 499 when the client went away first.
+    """
+
+    def __init__(self, app: ASGIApp, *, routes: Iterable[Any], count: Callable[[str, int], None]):
+        self.app = app
+        self.routes = routes
+        self.count = count
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = route_template(self.routes, scope)
+        status: int | None = None
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except asyncio.CancelledError:
+            status = status or 499
+            raise
+        except BaseException:
+            status = status or 500
+            raise
+        finally:
+            self.count(route, status or 500)
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import json
 import os
 import socket
 import struct
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -126,6 +128,9 @@ class Settings(BaseSettings):
     # Host names a loopback-bound node answers to besides localhost/127.0.0.1/[::1] ("*": any);
     # env: EDGELLM_ALLOWED_HOSTS='["node.local"]'. Refusing other names defeats DNS rebinding.
     allowed_hosts: list[str] = Field(default_factory=list)
+    # Web origins (scheme://host[:port]) whose pages may call the node from a browser (CORS,
+    # runtime/cors.py); none by default. env: EDGELLM_CORS_ORIGINS=http://a.local:3000,https://b.local
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     node_alias: str = Field(default_factory=socket.gethostname)
     evm_network: str = "local"
@@ -145,6 +150,21 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):  # the environment: comma separated (a JSON list is taken too)
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [o.strip() for o in text.split(",") if o.strip()]
+        return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_are_origins(cls, value: list[str]) -> list[str]:
+        return [normalize_origin(o) for o in value]
 
     @model_validator(mode="after")
     def _batch_fits_every_slot(self) -> Settings:
@@ -308,6 +328,31 @@ class Settings(BaseSettings):
                 f"refusing to listen on non-loopback address {self.host} without a token: set "
                 "INFERENCE_API_TOKEN (or tokens in the config file)"
             )
+
+
+def normalize_origin(origin: str) -> str:
+    """A web origin as a browser sends it in `Origin:` (scheme://host[:port], lower case, no default
+    port), or ValueError saying what is wrong: a path, a wildcard, credentials, another scheme."""
+    text = origin.strip()
+    if "*" in text:
+        raise ValueError(f"cors_origins: {origin!r}: wildcards are not allowed, list each origin")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"cors_origins: {origin!r} is not scheme://host[:port]") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"cors_origins: {origin!r} is not http(s)://host[:port]")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or text.endswith(("?", "#")):
+        raise ValueError(f"cors_origins: {origin!r} has a path, query or fragment; an origin is scheme://host[:port]")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"cors_origins: {origin!r} has credentials; an origin is scheme://host[:port]")
+    scheme, host = parts.scheme.lower(), parts.hostname.lower()
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    if port is None or port == {"http": 80, "https": 443}[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _check_batch_fits(n_batch: int, n_slots: int) -> None:
