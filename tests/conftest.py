@@ -37,7 +37,11 @@ SLOW_FILES = (
     "test_modes_and_auth.py",
     "test_resilience.py",
     "test_openai_route.py",
+    "test_responses_route.py",
+    "test_anthropic_route.py",
+    "test_completions_route.py",
     "test_tool_calls_http.py",
+    "test_engine_task_routes.py",
     "test_sdnotify.py",
     "test_book_of_record.py",
     "test_fuzz_openapi.py",
@@ -46,6 +50,7 @@ SLOW_FILES = (
     "test_board.py::test_the_node_reports",
     "test_presets_and_memory.py::test_the_node_runs",
     "test_test_hygiene.py::test_the_node_",
+    "test_cors.py::test_the_node_",
 )
 
 

@@ -35,3 +35,20 @@ def model_with_template(name: str, out_dir: Path) -> Path:
         ]
         subprocess.run(cmd, check=True, capture_output=True, input=b"y\n", timeout=120)
     return out
+
+
+def model_with_pooling(pooling: int, out_dir: Path) -> Path:
+    """A copy of the bundled model that declares `llama.pooling_type` (llama.cpp's enum: 1 mean, 2 cls,
+    3 last): a stand-in for a dedicated embedding model, made with the gguf package's own copier."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    out = Path(out_dir) / f"smollm2-pooling{pooling}.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        reader = gguf.GGUFReader(bundled_model_path(), "r")
+        arch = reader.get_field("general.architecture").contents()
+        writer = gguf.GGUFWriter(str(out), arch=arch, endianess=reader.endianess)
+        new = {f"{arch}.pooling_type": MetadataDetails(gguf.GGUFValueType.UINT32, pooling)}
+        copy_with_new_metadata(reader, writer, new, [])
+    return out

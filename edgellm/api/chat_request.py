@@ -57,6 +57,12 @@ class ChatRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     thinking_budget_tokens: int | None = None
     thinking_budget_message: str = ""
+    # Set by /v1/completions (api/completions_compat.py), never by a chat body: the prompt is the one
+    # user message's content as written, no chat template (EngineRequest.apply_chat_template=False), or
+    # `prompt_tokens` as they are; `infill_suffix`: the text after the gap (fill-in-the-middle models).
+    raw_prompt: bool = False
+    prompt_tokens: list[int] | None = None
+    infill_suffix: str | None = None
 
     @property
     def calls_tools(self) -> bool:

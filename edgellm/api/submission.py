@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
-from edgellm.api.reply import ReplySpec
+from edgellm.api.reply import PLAIN, ReplySpec
 from edgellm.api.tool_grammar import tool_guide
 from edgellm.api.tool_prompt import prompt_messages
 from edgellm.api.validation import (
@@ -101,6 +101,8 @@ def engine_request(
     """What the engine is sent for a validated request; its deadline counts from `created_at`.
     `chat_format`: the model's (EngineInfo's), which decides how tools are rendered, constrained and read."""
     fmt = chat_format or ChatFormat()
+    if request.raw_prompt:
+        return _raw_engine_request(request_id, request, seed, created_at=created_at, stream=stream)
     _, media = request.engine_messages()
     messages, tools = prompt_messages(request, fmt)
     guide, structure = request.guide, None
@@ -126,6 +128,28 @@ def engine_request(
         thinking=thinking,
         structure=structure,
         reply=reply_spec(request, fmt),
+    )
+
+
+def _raw_engine_request(
+    request_id: str, request: ChatRequest, seed: int, *, created_at: float, stream: bool
+) -> EngineRequest:
+    """A /v1/completions prompt: its text as written (or its token ids), no chat template, no tools, no
+    reasoning block; the reply is the plain text the model writes."""
+    return EngineRequest(
+        request_id=request_id,
+        messages=[dict(m) for m in request.messages],
+        sampling=request.sampling(seed),
+        guide=request.guide,
+        deadline=created_at + request.timeout,
+        stream=stream,
+        apply_chat_template=False,
+        speculative=not request.disable_spec_decode,
+        cut_structure_ok=request.cut_structure_ok,
+        n=request.n,
+        prompt_tokens=list(request.prompt_tokens) if request.prompt_tokens is not None else None,
+        infill_suffix=request.infill_suffix,
+        reply=PLAIN,
     )
 
 

@@ -18,15 +18,13 @@ import re
 import threading
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import requests
 from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
 
 from edgellm import jsonsafe
-
-if TYPE_CHECKING:  # typing only: inputs.py imports nothing from here
-    from edgellm.batch.inputs import BatchOptions
+from edgellm.batch.inputs import CHAT_URL, COMPLETIONS_URL, BatchOptions, url_of  # inputs imports nothing from here
 
 # 429/503 say "come back later", 502/504 are a proxy's view of a server that is down or restarting:
 # in every case the server did not produce an answer, so sending the request again is safe.
@@ -47,6 +45,17 @@ def chat_url(endpoint: str) -> str:
     return url + "/v1/chat/completions"
 
 
+def completions_url(endpoint: str) -> str:
+    """/v1/completions for the same endpoint forms chat_url accepts (the chat URL itself included)."""
+    url = endpoint.rstrip("/")
+    for tail in ("/chat/completions", "/completions"):
+        if url.endswith(tail):
+            return url.removesuffix(tail) + "/completions"
+    if url.endswith("/v1"):
+        return url + "/completions"
+    return url + "/v1/completions"
+
+
 def strict_json(raw: bytes) -> Any:
     """A response body (or a result line) as the node's strict reader takes it; ValueError (JSONProblem)
     for anything results.jsonl could not hold as valid JSON. A lone surrogate is kept: a server may echo
@@ -58,9 +67,9 @@ def strict_json(raw: bytes) -> Any:
 
 
 def wire_body(req: dict[str, Any], model: str | None) -> bytes:
-    """The body POSTed for a request: its fields but `id`, `model` replaced when given, encoded as
-    `requests` encodes json= (the local transport measures and parses these same bytes)."""
-    body = {k: v for k, v in req.items() if k != "id"}
+    """The body POSTed for a request: its fields but `id` and `url` (the route), `model` replaced when
+    given, encoded as `requests` encodes json= (the local transport measures and parses these same bytes)."""
+    body = {k: v for k, v in req.items() if k not in ("id", "url")}
     if model:
         body["model"] = model
     return json.dumps(body, allow_nan=False).encode("utf-8")
@@ -134,6 +143,7 @@ class Sender:
     def __init__(self, opts: BatchOptions):
         self.opts = opts
         self.url = chat_url(opts.endpoint)
+        self.urls = {CHAT_URL: self.url, COMPLETIONS_URL: completions_url(opts.endpoint)}  # by a request's `url`
         self._local = threading.local()
 
     def session(self) -> requests.Session:
@@ -144,11 +154,14 @@ class Sender:
                 s.headers["Authorization"] = f"Bearer {self.opts.api_key}"
         return s
 
-    def _attempt(self, body: bytes, timeout: float, attempt: int) -> tuple[dict[str, Any], float | None]:
-        """One POST: (outcome, seconds to wait before retrying it, or None when it must not be retried)."""
+    def _attempt(
+        self, body: bytes, timeout: float, attempt: int, url: str | None = None
+    ) -> tuple[dict[str, Any], float | None]:
+        """One POST (to `url`, default the chat URL): (outcome, seconds to wait before retrying it, or None
+        when it must not be retried)."""
         try:
             resp = self.session().post(
-                self.url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
+                url or self.url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
             )
         except requests.ReadTimeout:
             msg = (
@@ -175,13 +188,14 @@ class Sender:
 
     def send(self, req: dict[str, Any]) -> dict[str, Any]:
         body = wire_body(req, self.opts.model)
+        url = self.urls.get(url_of(req), self.url)  # load_requests checked it
         start = time.perf_counter()
         # The whole request, waits included, never takes longer than every attempt timing out would.
         deadline = start + self.opts.timeout_s * (self.opts.retries + 1)
         attempt = 0
         while True:
             timeout = min(self.opts.timeout_s, deadline - time.perf_counter())
-            outcome, wait_s = self._attempt(body, timeout, attempt)
+            outcome, wait_s = self._attempt(body, timeout, attempt, url)
             if wait_s is None or attempt >= self.opts.retries:
                 break
             if time.perf_counter() + wait_s >= deadline:

@@ -22,6 +22,17 @@ class BatchInputError(EdgeLLMError):
     error_type = "batch_input"
 
 
+# A request's optional `url` (as in OpenAI batch files): the route it goes to; chat when absent.
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+URLS = (CHAT_URL, COMPLETIONS_URL)
+
+
+def url_of(req: dict[str, Any]) -> str:
+    """The route a (checked) request goes to."""
+    return req.get("url") or CHAT_URL
+
+
 @dataclass(frozen=True)
 class BatchOptions:
     endpoint: str = ""  # the HTTP transport's; unused with --local
@@ -82,6 +93,12 @@ def load_requests(path: Path) -> list[dict[str, Any]]:
             raise BatchInputError(
                 f'{path}: requests[{i}] (id {rid!r}) sets "stream": {jsonsafe_text(req["stream"])}; batch-run reads '
                 'whole answers into results.jsonl, not event streams: remove "stream" or set it to false'
+            )
+        url = req.get("url")
+        if url is not None and url not in URLS:
+            raise BatchInputError(
+                f'{path}: requests[{i}] (id {rid!r}) has "url": {jsonsafe_text(url)}; batch-run sends to '
+                f"{' or '.join(URLS)} (absent: {CHAT_URL})"
             )
         key = str(rid)
         if key in seen:

@@ -38,16 +38,32 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from edgellm.api.completions_compat import (
+    MAX_PROMPTS,
+    CompletionOptions,
+    completion_response,
+    parse_completion_request,
+    prompt_text,
+)
 from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
 from edgellm.api.output_processor import RequestOutput
-from edgellm.api.service import ServiceConfig, engine_request, load_media, outcome_of, parse_openai_now
+from edgellm.api.service import (
+    ServiceConfig,
+    check_vocabulary,
+    engine_request,
+    load_media,
+    outcome_of,
+    parse_openai_now,
+)
 from edgellm.api.validation import ChatRequest
 from edgellm.batch.http_client import answer_outcome, wire_body
+from edgellm.batch.inputs import COMPLETIONS_URL, url_of
 from edgellm.batch.transport import Deliver
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.types import EngineRequest
 from edgellm.errors import EdgeLLMError
 from edgellm.media.types import MediaCaps
@@ -103,10 +119,67 @@ class LocalTransport:
         request, opts = parse_openai_now(parse_body(raw), self.config, self.engine.model.n_vocab)
         return load_media(request, self.config, self.media_caps), opts
 
+    def validate_completions(self, req: dict[str, Any]) -> tuple[list[ChatRequest], CompletionOptions, list[str]]:
+        """A `"url": "/v1/completions"` request as the node's completions route validates it (one request
+        per prompt, the prompts' text for `echo`); raises the EdgeLLMError it would answer."""
+        raw = wire_body(req, self.model_override)
+        refusal = body_too_large(len(raw), self.max_body_bytes)
+        if refusal is not None:
+            raise refusal
+        model = self.engine.model
+        chats, opts = parse_completion_request(
+            parse_body(raw),
+            self.config.model_name,
+            n_vocab=model.n_vocab,
+            infill=model.fim_tokens() is not None,
+            max_prompts=max(1, min(MAX_PROMPTS, self.config.max_queued)),
+            **self.config.limits(),
+        )
+        if chats[0].guide is not None:
+            grammar_for(chats[0].guide)
+        check_vocabulary(chats[0], model.n_vocab)
+        echoes = []
+        if opts.echo:  # token prompts: their text as the engine's DETOKENIZE task gives it
+            for chat in chats:
+                text = prompt_text(chat)
+                if text is None:
+                    text = b"".join(model.piece(t, special=True) for t in chat.prompt_tokens or []).decode(
+                        "utf-8", "replace"
+                    )
+                echoes.append(text)
+        return chats, opts, echoes
+
+    def _engine_request(self, chat: ChatRequest) -> tuple[str, EngineRequest]:
+        request_id = uuid.uuid4().hex  # as Service.submit: the response id is chatcmpl-<it> (cmpl-<it>)
+        seed = chat.seed if chat.seed is not None else secrets.randbits(64)
+        # The node's deadline counts from a request's arrival; here every request is handed over at
+        # once, so its budget counts from when the engine queues it.
+        request = replace(
+            engine_request(request_id, chat, seed, created_at=0.0, chat_format=self.engine.model.chat_format),
+            deadline=None,
+            timeout_s=chat.timeout,
+        )
+        return request_id, request
+
     def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
         queued: dict[str, tuple[int, Any, OpenAIOptions, EngineRequest]] = {}
+        parts: dict[str, tuple[_Completion, int, EngineRequest]] = {}  # a completions line's prompts
         for i, req in todo:
             start = time.perf_counter()
+            if url_of(req) == COMPLETIONS_URL:
+                try:
+                    chats, copts, echoes = self.validate_completions(req)
+                except EdgeLLMError as exc:
+                    deliver(i, _line(req["id"], start, exc.http_status, _rendered(error_body(exc))))
+                    continue
+                if copts.stream:
+                    deliver(i, _line(req["id"], start, 200, SSE_PREFIX))
+                    continue
+                group = _Completion(i, req["id"], copts, echoes, [None] * len(chats))
+                for p, chat in enumerate(chats):
+                    request_id, request = self._engine_request(chat)
+                    parts[request_id] = (group, p, request)
+                continue
             try:
                 chat, opts = self.validate(req)
             except EdgeLLMError as exc:
@@ -115,18 +188,16 @@ class LocalTransport:
             if opts.stream:
                 deliver(i, _line(req["id"], start, 200, SSE_PREFIX))
                 continue
-            request_id = uuid.uuid4().hex  # as Service.submit: the response id is chatcmpl-<it>
-            seed = chat.seed if chat.seed is not None else secrets.randbits(64)
-            # The node's deadline counts from a request's arrival; here every request is handed over at
-            # once, so its budget counts from when the engine queues it.
-            request = replace(
-                engine_request(request_id, chat, seed, created_at=0.0, chat_format=self.engine.model.chat_format),
-                deadline=None,
-                timeout_s=chat.timeout,
-            )
+            request_id, request = self._engine_request(chat)
             queued[request_id] = (i, req["id"], opts, request)
 
         def finished(out: RequestOutput) -> None:
+            if out.request_id in parts:
+                group, p, request = parts.pop(out.request_id)
+                group.outputs[p] = (out, request)
+                if all(entry is not None for entry in group.outputs):
+                    deliver(group.index, self._completion_line(group))
+                return
             i, rid, opts, request = queued.pop(out.request_id)
             try:
                 result = outcome_of(out, self.config.model_name).result_or_raise()
@@ -136,15 +207,28 @@ class LocalTransport:
             line = {"id": rid, "latency_ms": _latency_ms(out, request), **answer_outcome(code, _rendered(body))}
             deliver(i, line)
 
-        if not queued:
+        if not queued and not parts:
             return
         decoding = None
         if self.on_phase is not None:
             # (1-based place in the file, the id for the phase of a request decoded alone)
             places = {rid: (entry[0] + 1, f"id {json.dumps(entry[1])[:80]}") for rid, entry in queued.items()}
+            places.update({rid: (g.index + 1, f"id {json.dumps(g.rid)[:80]}") for rid, (g, _, _) in parts.items()})
             total = self.total or max(n for n, _ in places.values())
             decoding = decoding_reporter(self.on_phase, places, total, self._decoding_started)
-        self.engine.generate([entry[3] for entry in queued.values()], on_finished=finished, on_decoding=decoding)
+        requests = [entry[3] for entry in queued.values()] + [entry[2] for entry in parts.values()]
+        self.engine.generate(requests, on_finished=finished, on_decoding=decoding)
+
+    def _completion_line(self, group: _Completion) -> dict[str, Any]:
+        """A completions line once all its prompts ended: the route's body, or the first failed prompt's
+        error (in prompt order; the node answers with the first to fail and cancels the others)."""
+        try:
+            results = [outcome_of(out, self.config.model_name).result_or_raise() for out, _ in group.outputs]
+            code, body = 200, completion_response(results, group.opts, self.config.model_name, group.echoes)
+        except EdgeLLMError as exc:
+            code, body = exc.http_status, error_body(exc)
+        latency = max(_latency_ms(out, request) for out, request in group.outputs)
+        return {"id": group.rid, "latency_ms": latency, **answer_outcome(code, _rendered(body))}
 
     def close(self, *, abandon: bool) -> None:
         if self.on_phase is not None:  # what finished is journaled: what is left is the teardown
@@ -154,6 +238,17 @@ class LocalTransport:
         except Exception:
             if not abandon:
                 raise
+
+
+@dataclass
+class _Completion:
+    """A `/v1/completions` line in flight: one engine request per prompt, answered once all have ended."""
+
+    index: int
+    rid: Any
+    opts: CompletionOptions
+    echoes: list[str]
+    outputs: list[tuple[RequestOutput, EngineRequest] | None]
 
 
 def _line(rid: Any, start: float, code: int, raw: bytes) -> dict[str, Any]:

@@ -21,3 +21,7 @@ class ModelConfig:
     adaptive_threads: bool = True
     speculative: bool = True  # prompt-lookup drafts verified in the batch (engine/draft.py)
     mmproj_path: str | None = None  # a multimodal projector GGUF made for this model (images, audio)
+    # /v1/embeddings: a dedicated embedding model (None: the generation model's weights, mean-pooled), and
+    # the embedding context's size (the longest input, and the tokens of one batch); 0 turns embeddings off.
+    embedding_model_path: str | None = None
+    embedding_ctx: int = 512

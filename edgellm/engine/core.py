@@ -178,7 +178,7 @@ class EngineCore:
             pid=os.getpid(),
             chat_format=model.chat_format.as_dict(),
             infill=model.fim_tokens() is not None,
-            n_embd=model.n_embd,
+            n_embd=self.scheduler.tasks.n_embd,
             embed_ctx=self.scheduler.tasks.embed_ctx,
         )
 

@@ -19,34 +19,63 @@ import logging
 import llama_cpp as L
 import numpy as np
 
-from edgellm.engine.model import LlamaModel
+from edgellm.engine.model import Vocabulary, _ensure_backend, _load_model
 from edgellm.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-# Inputs in one decode; with the padding sequence the context holds 16, a divisor of its n_ctx (llama.cpp's
-# graph reservation asserts on a count that does not divide it).
+# Inputs in one decode; with the padding sequence the context holds 16 sequences, a divisor of its n_ctx
+# (llama.cpp's graph reservation asserts on a sequence count that does not divide the batch).
 MAX_SEQUENCES = 15
-# Each input starts at a KV cell that is a multiple of ALIGN: where an input's cells start inside an
-# attention tile changes the kernel's path and its vector by ~1e-3 (measured on the CPU backend: a
-# 7-token text at cell 15 vs cell 0 or 16). Aligned, a text's vector is the same alone or in any
-# batch to float rounding (~5e-7). The gaps are filled by a padding sequence that nothing reads.
-ALIGN = 16
-PAD_SEQ = MAX_SEQUENCES  # the padding sequence's id (the context holds MAX_SEQUENCES + 1 sequences)
+PAD_SEQ = MAX_SEQUENCES  # the padding sequence's id: its tokens fill gaps, nothing reads its output
+# Where an input's KV cells sit relative to the attention kernel's tiles of TILE cells changes its vector
+# (measured on the CPU backend, llama.cpp 0.3.36: a 7-token text at cells 15-21 differs from the same text
+# at cells 0-6 by ~3e-2; at 9-15 or 16-22 by ~5e-7, float rounding). So each input is laid out as it would
+# be alone: one of TILE tokens or fewer inside one tile, a longer one from a tile's start. Flash attention
+# does not help: it switches kernels once a batch holds 64 cells, and differs by ~1e-2 across that line.
+TILE = 16
 
 
-def cells(n_tokens: int) -> int:
-    """The KV cells an input of n_tokens takes in a batch, its padding included."""
-    return -(-n_tokens // ALIGN) * ALIGN
+def layout(lengths: list[int]) -> list[int]:
+    """The first KV cell of each input, in order, by the rule above (a fresh cache fills cells in batch order)."""
+    starts, cursor = [], 0
+    for n in lengths:
+        room = TILE - cursor % TILE
+        if (n <= TILE and n > room) or (n > TILE and cursor % TILE):
+            cursor += room
+        starts.append(cursor)
+        cursor += n
+    return starts
+
+
+def cells(lengths: list[int]) -> int:
+    """The KV cells (padding included) a batch of inputs of these lengths takes."""
+    return layout(lengths)[-1] + lengths[-1] if lengths else 0
 
 
 POOLING_NAMES = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
+class EmbeddingModel(Vocabulary):
+    """A dedicated embedding model (`embedding_model_path`: a BERT/bge/nomic/e5-style GGUF), loaded beside
+    the generation model and freed with the engine; its own tokenizer and pooling."""
+
+    def __init__(self, path: str, *, n_gpu_layers: int):
+        _ensure_backend()
+        self.model = _load_model(path, max(0, n_gpu_layers) if L.llama_supports_gpu_offload() else 0)
+        self._init_vocab()
+        self.name = path
+
+    def close(self) -> None:
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)
+            self.model = None
+
+
 class Embedder:
     """Owns the embedding context. Not thread-safe: the engine thread drives it."""
 
-    def __init__(self, model: LlamaModel, n_ctx: int):
+    def __init__(self, model: Vocabulary, n_ctx: int, n_threads: int):
         self.model = model
         # One decode holds a whole batch of inputs: pooling is computed per micro-batch, so an input
         # split across two would be pooled wrong. n_batch = n_ubatch = n_ctx keeps them whole.
@@ -57,13 +86,13 @@ class Embedder:
         cp.n_batch = n_ctx
         cp.n_ubatch = n_ctx
         cp.n_seq_max = MAX_SEQUENCES + 1  # the inputs and the padding sequence
-        cp.n_threads = model.n_threads
-        cp.n_threads_batch = model.n_threads
+        cp.n_threads = n_threads
+        cp.n_threads_batch = n_threads
         cp.embeddings = True
         cp.kv_unified = True
         cp.pooling_type = declared if declared is not None else L.LLAMA_POOLING_TYPE_MEAN
         if hasattr(cp, "flash_attn_type"):
-            cp.flash_attn_type = 0  # as the generation context's default; results must not depend on it
+            cp.flash_attn_type = 0  # off: its kernel switch at 64 cells would make vectors batch-dependent (TILE)
         self.ctx = L.llama_init_from_model(model.model, cp)
         if not self.ctx:
             raise EngineError("llama.cpp could not create the embedding context (out of memory?)")
@@ -82,8 +111,9 @@ class Embedder:
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
         """One decode of up to MAX_SEQUENCES inputs (their tokens together at most n_ctx); one pooled
         float32 row per input, as llama.cpp computes it (not normalised)."""
-        n = sum(cells(len(t)) for t in inputs)
-        if not inputs or len(inputs) > MAX_SEQUENCES or n > self.n_ctx or any(not t for t in inputs):
+        lengths = [len(t) for t in inputs]
+        n = cells(lengths)
+        if not inputs or len(inputs) > MAX_SEQUENCES or n > self.n_ctx or not all(lengths):
             raise EngineError(f"embedding batch of {len(inputs)} inputs / {n} cells outside the context's bounds")
         L.llama_memory_clear(self.memory, True)
         b = self.batch
@@ -98,13 +128,12 @@ class Embedder:
             b.logits[i] = 1  # pooling reads every token's output
             i += 1
 
-        for seq, tokens in enumerate(inputs):
+        for seq, (tokens, start) in enumerate(zip(inputs, layout(lengths), strict=True)):
+            while i < start:  # the padding sequence's positions go on from one gap to the next
+                put(tokens[0], pad_pos, PAD_SEQ)
+                pad_pos += 1
             for pos, token in enumerate(tokens):
                 put(token, pos, seq)
-            if seq < len(inputs) - 1:  # up to the next input's aligned start (a fresh cache fills in order)
-                for _ in range(cells(len(tokens)) - len(tokens)):
-                    put(tokens[-1], pad_pos, PAD_SEQ)
-                    pad_pos += 1
         b.n_tokens = i
         rc = L.llama_decode(self.ctx, b)
         if rc != 0:
@@ -126,7 +155,7 @@ class Embedder:
             self.ctx = None
 
 
-def _declared_pooling(model: LlamaModel) -> int | None:
+def _declared_pooling(model: Vocabulary) -> int | None:
     """The GGUF's `<arch>.pooling_type` (an integer in llama.cpp's enum), or None where it has none."""
     arch = model.meta("general.architecture")
     value = model.meta(f"{arch}.pooling_type") if arch else None

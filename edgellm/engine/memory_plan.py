@@ -116,10 +116,13 @@ class MemoryPlan:
     n_batch: int = 512
     flash_attn: bool = True
     auto_ctx: bool = False  # n_ctx was chosen here ("auto"), not given
+    # The embedding context (engine/embedder.py, made on the first /v1/embeddings request) and a dedicated
+    # embedding model's weights: see embedding_bytes().
+    embedding_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes + self.embedding_bytes
 
     @property
     def fits(self) -> bool:
@@ -128,7 +131,7 @@ class MemoryPlan:
     @property
     def base_bytes(self) -> int:
         """Everything but the KV cache: what the model costs before any context."""
-        return self.weights_bytes + self.compute_bytes + self.overhead_bytes
+        return self.weights_bytes + self.compute_bytes + self.overhead_bytes + self.embedding_bytes
 
     @property
     def slot_ctx(self) -> int:
@@ -142,7 +145,13 @@ class MemoryPlan:
         if self.base_bytes > self.budget_bytes:
             return (
                 f"the model's weights ({_size(self.weights_bytes)}) plus compute buffers "
-                f"({_size(self.compute_bytes)}) and the runtime reserve ({_size(self.overhead_bytes)}) need "
+                f"({_size(self.compute_bytes)}), "
+                + (
+                    f"embeddings ({_size(self.embedding_bytes)}: embedding_ctx 0 turns them off), "
+                    if self.embedding_bytes
+                    else ""
+                )
+                + f"and the runtime reserve ({_size(self.overhead_bytes)}) need "
                 f"{_size(self.base_bytes)} before any context, but {budget}; use a smaller model or quant, "
                 "or raise memory_budget"
             )
@@ -168,6 +177,7 @@ class MemoryPlan:
             "kv": self.kv_bytes,
             "compute": self.compute_bytes,
             "overhead": self.overhead_bytes,
+            "embedding": self.embedding_bytes,
             "total": self.total_bytes,
             "budget": self.budget_bytes,
         }
@@ -187,6 +197,19 @@ class MemoryPlan:
         return out
 
 
+def embedding_bytes(shape: ModelShape, embedding_ctx: int, dedicated: ModelShape | None = None) -> int:
+    """What embeddings cost: a dedicated model's weights, and the embedding context on the model that
+    embeds (its f16 KV cells, one stream padded to 256, and its compute and output buffers for a batch of
+    embedding_ctx tokens that all produce outputs, without flash attention). 0 when embedding_ctx is 0."""
+    if embedding_ctx <= 0:
+        return 0
+    model = dedicated or shape
+    cells = _round_up(embedding_ctx, CELL_ALIGN)
+    kv = math.ceil(cells * kv_bytes_per_token(model, "f16"))
+    weights = dedicated.file_bytes if dedicated is not None else 0
+    return weights + kv + compute_bytes(model, embedding_ctx, 1, cells, flash_attn=False)
+
+
 def plan_memory(
     shape: ModelShape,
     *,
@@ -199,6 +222,8 @@ def plan_memory(
     min_slot_ctx: int = 512,
     flash_attn: bool = True,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    embedding_ctx: int = 0,
+    embedding_model: ModelShape | None = None,
 ) -> MemoryPlan:
     """The context and slot count to run with, and what they cost. Never raises for a plan that does not
     fit: the caller reads `fits` and refuses to start with `refusal()`.
@@ -218,6 +243,8 @@ def plan_memory(
         if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be a positive integer or 'auto', got {value!r}")
 
+    embedding = embedding_bytes(shape, embedding_ctx, embedding_model)
+
     def make(slots: int, ctx: int, auto_ctx: bool) -> MemoryPlan:
         cells = kv_cells(ctx, slots)
         return MemoryPlan(
@@ -233,6 +260,7 @@ def plan_memory(
             n_batch=n_batch,
             flash_attn=flash_attn,
             auto_ctx=auto_ctx,
+            embedding_bytes=embedding,
         )
 
     slot_cap = max(CELL_ALIGN, _round_down(min(shape.n_ctx_train, max_slot_ctx), CELL_ALIGN))
@@ -319,6 +347,7 @@ def format_plan(plan: MemoryPlan, shape: ModelShape | None = None) -> str:
         (f"KV cache ({plan.kv_type}, {plan.kv_cells} cells)", plan.kv_bytes),
         (f"compute buffers (n_batch {plan.n_batch})", plan.compute_bytes),
         ("runtime reserve", plan.overhead_bytes),
+        ("embeddings (context, dedicated model)", plan.embedding_bytes),
         ("total", plan.total_bytes),
         ("budget", plan.budget_bytes),
     ]

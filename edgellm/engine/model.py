@@ -96,7 +96,92 @@ def raw_prompt_text(messages: list[dict]) -> str:
     )
 
 
-class LlamaModel:
+class Vocabulary:
+    """A loaded llama.cpp model's tokenizer and metadata (the generation model, a dedicated embedding
+    model): `model`, `vocab` and `n_vocab` are set by the subclass before these are used."""
+
+    model: ctypes.c_void_p
+    vocab: ctypes.c_void_p
+    n_vocab: int
+
+    def _init_vocab(self) -> None:
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(65536)
+        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def with_bos(self, tokens: list[int]) -> list[int]:
+        """The tokens after the model's BOS, when its vocabulary asks for one and they do not start with it."""
+        bos = L.llama_vocab_bos(self.vocab)
+        if L.llama_vocab_get_add_bos(self.vocab) and bos >= 0 and tokens[:1] != [bos]:
+            return [bos, *tokens]
+        return tokens
+
+    def with_special(self, tokens: list[int]) -> list[int]:
+        """The tokens with the BOS (and EOS) the vocabulary adds to a sequence, where it asks for them."""
+        tokens = self.with_bos(tokens)
+        eos = L.llama_vocab_eos(self.vocab)
+        if L.llama_vocab_get_add_eos(self.vocab) and eos >= 0 and tokens[-1:] != [eos]:
+            tokens = [*tokens, eos]
+        return tokens
+
+    def input_tokens(self, text: str) -> list[int]:
+        """A text input (an embedding input): tokenized as text, control-token text included, with the
+        vocabulary's BOS/EOS."""
+        return self.with_special(self.tokenize(text, special=False))
+
+    def checked_ids(self, tokens: Any, param: str) -> list[int]:
+        """Token ids a client sent: integers in the vocabulary, else a 400 naming `param`."""
+        if not isinstance(tokens, list):
+            raise InvalidRequest(f"{param} must be an array of token ids", param=param)
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab:
+                raise InvalidRequest(
+                    f"{param}: token id {t!r} is outside the vocabulary [0, {self.n_vocab - 1}]"[:300], param=param
+                )
+        return list(tokens)
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The model's fill-in-the-middle prefix, suffix and middle tokens; None where it has none."""
+        ids = tuple(int(getattr(L, f"llama_vocab_fim_{k}")(self.vocab)) for k in ("pre", "suf", "mid"))
+        return ids if all(t >= 0 for t in ids) else None
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest("the prompt contains a lone surrogate (invalid UTF-16); send valid text") from None
+        cap = len(data) + 16
+        arr = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
+        if n < 0:
+            cap = -n
+            arr = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
+        if n < 0:
+            raise EngineError(f"tokenization failed ({n})")
+        return list(arr[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes of one token (cached; control tokens are empty unless special=True)."""
+        if not special and token in self._pieces:
+            return self._pieces[token]
+        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        out = bytes(self._piece_buf.raw[:n]) if n > 0 else b""
+        if not special:
+            self._pieces[token] = out
+        return out
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+
+class LlamaModel(Vocabulary):
     """Owns model + context + batch. Not thread-safe: one engine thread drives it."""
 
     def __init__(self, config: ModelConfig):
@@ -106,8 +191,7 @@ class LlamaModel:
         self.config = config
         hooks = test_hooks.current()  # off unless a test installed them (engine/test_hooks.py)
         self.offload = self._load(config, hooks.gpu_load_failure)
-        self.vocab = L.llama_model_get_vocab(self.model)
-        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self._init_vocab()
         self.n_embd = int(L.llama_model_n_embd(self.model))
         self.n_threads = config.n_threads or default_threads()
         self.n_slots = config.n_slots
@@ -121,8 +205,6 @@ class LlamaModel:
         self.eog_tokens = [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
         self.eos_token = L.llama_vocab_eos(self.vocab)
         self.name = os.path.basename(config.path)
-        self._piece_buf = ctypes.create_string_buffer(256)
-        self._pieces: dict[int, bytes] = {}
         self.formatter = self._chat_formatter()
         self._formatter_no_gen: Jinja2ChatFormatter | None = None
         self.partial_trim = self._memory_can_drop_suffix()
@@ -220,11 +302,6 @@ class LlamaModel:
     def chat_format(self) -> ChatFormat:
         """How the template writes tool calls and whether it thinks (engine/chat_format.py)."""
         return detect_chat_format(self.formatter.template)
-
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(65536)
-        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     # -- text ------------------------------------------------------------------------------------
     def render_chat(
@@ -329,71 +406,6 @@ class LlamaModel:
         else:
             tokens = self.tokenize(text, special=True)
         return self.with_bos(tokens)
-
-    def with_bos(self, tokens: list[int]) -> list[int]:
-        """The tokens after the model's BOS, when its vocabulary asks for one and they do not start with it."""
-        bos = L.llama_vocab_bos(self.vocab)
-        if L.llama_vocab_get_add_bos(self.vocab) and bos >= 0 and tokens[:1] != [bos]:
-            return [bos, *tokens]
-        return tokens
-
-    def with_special(self, tokens: list[int]) -> list[int]:
-        """The tokens with the BOS (and EOS) the vocabulary adds to a sequence, where it asks for them."""
-        tokens = self.with_bos(tokens)
-        eos = L.llama_vocab_eos(self.vocab)
-        if L.llama_vocab_get_add_eos(self.vocab) and eos >= 0 and tokens[-1:] != [eos]:
-            tokens = [*tokens, eos]
-        return tokens
-
-    def input_tokens(self, text: str) -> list[int]:
-        """A text input (an embedding input): tokenized as text, control-token text included, with the
-        vocabulary's BOS/EOS."""
-        return self.with_special(self.tokenize(text, special=False))
-
-    def checked_ids(self, tokens: Any, param: str) -> list[int]:
-        """Token ids a client sent: integers in the vocabulary, else a 400 naming `param`."""
-        if not isinstance(tokens, list):
-            raise InvalidRequest(f"{param} must be an array of token ids", param=param)
-        for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab:
-                raise InvalidRequest(
-                    f"{param}: token id {t!r} is outside the vocabulary [0, {self.n_vocab - 1}]"[:300], param=param
-                )
-        return list(tokens)
-
-    def fim_tokens(self) -> tuple[int, int, int] | None:
-        """The model's fill-in-the-middle prefix, suffix and middle tokens; None where it has none."""
-        ids = tuple(int(getattr(L, f"llama_vocab_fim_{k}")(self.vocab)) for k in ("pre", "suf", "mid"))
-        return ids if all(t >= 0 for t in ids) else None
-
-    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRequest("the prompt contains a lone surrogate (invalid UTF-16); send valid text") from None
-        cap = len(data) + 16
-        arr = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
-        if n < 0:
-            cap = -n
-            arr = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
-        if n < 0:
-            raise EngineError(f"tokenization failed ({n})")
-        return list(arr[:n])
-
-    def piece(self, token: int, *, special: bool = False) -> bytes:
-        """The raw bytes of one token (cached; control tokens are empty unless special=True)."""
-        if not special and token in self._pieces:
-            return self._pieces[token]
-        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        out = bytes(self._piece_buf.raw[:n]) if n > 0 else b""
-        if not special:
-            self._pieces[token] = out
-        return out
-
-    def is_eog(self, token: int) -> bool:
-        return bool(L.llama_vocab_is_eog(self.vocab, token))
 
     # -- decoding ------------------------------------------------------------------------------
     def decode(

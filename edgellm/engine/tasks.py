@@ -19,16 +19,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import llama_cpp as L
 import numpy as np
 
-from edgellm.engine.embedder import MAX_SEQUENCES, Embedder, cells, normalize
-from edgellm.engine.model import LlamaModel
+from edgellm.engine.embedder import MAX_SEQUENCES, Embedder, EmbeddingModel, cells, normalize
+from edgellm.engine.model import LlamaModel, Vocabulary
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
-
-EMBED_CTX_TOKENS = 512  # the embedding context: the longest input, and the most tokens one batch decodes
 
 
 @dataclass(eq=False)  # compared and hashed by identity: a job is in the queue once
@@ -49,15 +48,30 @@ class EmbedJob:
 class Tasks:
     """The queue of slot-less requests; the scheduler adds to it and collects its outputs each step."""
 
-    def __init__(self, model: LlamaModel, pool: ThreadPoolExecutor, *, embed_ctx: int = EMBED_CTX_TOKENS):
+    def __init__(self, model: LlamaModel, pool: ThreadPoolExecutor):
         self.model = model
         self.pool = pool
-        self.embed_ctx = min(embed_ctx, model.slot_ctx)
+        config = model.config
+        # The dedicated embedding model, loaded now (a bad file stops the engine at start, not a client's
+        # first request); its context, like the generation model's, on the first embedding request.
+        self.embed_model: Vocabulary = (
+            EmbeddingModel(config.embedding_model_path, n_gpu_layers=model.offload.n_gpu_layers)
+            if config.embedding_model_path
+            else model
+        )
+        self.embed_ctx = (
+            config.embedding_ctx if config.embedding_model_path else min(config.embedding_ctx, model.slot_ctx)
+        )
         self.utility: list[tuple[EngineRequest, Future[dict[str, Any]]]] = []
         self.embeds: deque[EmbedJob] = deque()
         self.embedder: Embedder | None = None
         self.embedded_inputs = 0  # counters for /metrics
         self.embed_batches = 0
+
+    @property
+    def n_embd(self) -> int:
+        """The width of an embedding (0: embeddings are off)."""
+        return int(L.llama_model_n_embd(self.embed_model.model)) if self.embed_ctx else 0
 
     # -- intake ------------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -111,7 +125,7 @@ class Tasks:
     def _next_batch(self, outputs: list[EngineOutput]) -> list[tuple[EmbedJob, int]]:
         """(job, input index) pairs for one decode: inputs in arrival order while they fit."""
         batch: list[tuple[EmbedJob, int]] = []
-        tokens = 0
+        lengths: list[int] = []
         for job in self.embeds:
             if not job.future.done():
                 break  # first come, first served: a later request does not overtake one in preparation
@@ -119,18 +133,18 @@ class Tasks:
             if not job.rows:
                 job.rows = [None] * len(inputs)
             while job.next_input < len(inputs):
-                size = cells(len(inputs[job.next_input]))
-                if len(batch) >= MAX_SEQUENCES or tokens + size > self.embed_ctx:
+                size = len(inputs[job.next_input])
+                if len(batch) >= MAX_SEQUENCES or cells([*lengths, size]) > self.embed_ctx:
                     return batch
                 batch.append((job, job.next_input))
-                tokens += size
+                lengths.append(size)
                 job.next_input += 1
         return batch
 
     def _run(self, batch: list[tuple[EmbedJob, int]], outputs: list[EngineOutput]) -> None:
         try:
             if self.embedder is None:
-                self.embedder = Embedder(self.model, self.embed_ctx)
+                self.embedder = Embedder(self.embed_model, self.embed_ctx, self.model.n_threads)
             rows = self.embedder.embed([job.inputs[i] for job, i in batch])
         except Exception as exc:  # the batch's requests fail, never the worker
             message, kind = (exc.message, exc.error_type) if isinstance(exc, EdgeLLMError) else (repr(exc), None)
@@ -162,18 +176,22 @@ class Tasks:
         if self.embedder is not None:
             self.embedder.close()
             self.embedder = None
+        if isinstance(self.embed_model, EmbeddingModel):
+            self.embed_model.close()
 
     # -- in the prepare pool -----------------------------------------------------------------
     def _embed_tokens(self, request: EngineRequest) -> list[list[int]]:
         """Each input's tokens: a string tokenized as text (control-token text stays text), with the
         BOS/EOS the vocabulary asks for; token ids as given. Each must fit the embedding context."""
-        model = self.model
+        if self.embed_ctx == 0:
+            raise InvalidRequest("embeddings are off on this node (embedding_ctx is 0)")
+        model = self.embed_model
         out: list[list[int]] = []
         for i, item in enumerate(request.payload.get("inputs", [])):
             tokens = model.input_tokens(item) if isinstance(item, str) else model.checked_ids(item, f"input[{i}]")
             if not tokens:
                 raise InvalidRequest(f"input[{i}] is empty", param="input")
-            if cells(len(tokens)) > self.embed_ctx:
+            if len(tokens) > self.embed_ctx:
                 raise ContextLengthExceeded(
                     f"input[{i}] is {len(tokens)} tokens; an embedding input holds at most {self.embed_ctx}"
                 )

@@ -18,6 +18,58 @@ from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
 
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+EMBEDDINGS_DOC = _body(
+    {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}},
+                    _TOKEN_IDS,
+                    {"type": "array", "items": _TOKEN_IDS},
+                ]
+            },
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {"type": "integer", "minimum": 1},
+            "user": {"type": "string"},
+        },
+        "additionalProperties": False,
+    }
+)
+TOKENIZE_DOC = _body(
+    {
+        "type": "object",
+        "required": ["content"],
+        "properties": {
+            "content": {"type": "string"},
+            "add_special": {"type": "boolean"},
+            "parse_special": {"type": "boolean"},
+            "with_pieces": {"type": "boolean"},
+        },
+        "additionalProperties": False,
+    }
+)
+DETOKENIZE_DOC = _body(
+    {"type": "object", "required": ["tokens"], "properties": {"tokens": _TOKEN_IDS}, "additionalProperties": False}
+)
+# The chat-completions body (as /v1/chat/completions takes it; model optional here).
+CHAT_DOC = _body(
+    {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {"model": {"type": "string"}, "messages": {"type": "array", "items": {"type": "object"}}},
+    }
+)
+
 TASK_TIMEOUT_S = 120.0  # tokenizer and template answers; embeddings get the node's default timeout
 
 
@@ -25,7 +77,7 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
     def info() -> dict[str, Any]:
         return (service.engine.info or {}) if service.engine is not None else {}
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", openapi_extra=EMBEDDINGS_DOC)
     async def embeddings(request: Request):
         try:
             authenticate(service, request)
@@ -41,21 +93,21 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
             return JSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
         return embeddings_body(out.result["embeddings"], call, service.model_name, out.prompt_tokens)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=TOKENIZE_DOC)
     async def tokenize(request: Request):
         authenticate(service, request)
         body = await read_json_body(request, max_body_bytes)
         out = await service.run_task(parse_tokenize(body, service.config.max_prompt_bytes), TASK_TIMEOUT_S)
         return out.result
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=DETOKENIZE_DOC)
     async def detokenize(request: Request):
         authenticate(service, request)
         body = await read_json_body(request, max_body_bytes)
         limit = max(1, service.config.max_prompt_bytes // 2)
         return (await service.run_task(parse_detokenize(body, limit), TASK_TIMEOUT_S)).result
 
-    @app.post("/apply-template")
+    @app.post("/apply-template", openapi_extra=CHAT_DOC)
     async def apply_template(request: Request):
         """An OpenAI chat body (model optional) -> the prompt text this node would run for it."""
         authenticate(service, request)
@@ -63,7 +115,7 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
         out = await service.render(chat)
         return {"prompt": out.result["prompt"]}
 
-    @app.post("/v1/chat/completions/input_tokens")
+    @app.post("/v1/chat/completions/input_tokens", openapi_extra=CHAT_DOC)
     async def input_tokens(request: Request):
         """The prompt tokens a chat-completions body would run with (tools and template kwargs included)."""
         try:

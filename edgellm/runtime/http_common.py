@@ -67,12 +67,18 @@ async def read_json_body(request: Request, limit: int) -> Any:
     return parse_json(await read_body_bytes(request, limit))
 
 
-def authenticate(service: Service, request: Request, body: Any = None) -> str | None:
+def authenticate(
+    service: Service, request: Request, body: Any = None, *, api_key_header: str | None = None
+) -> str | None:
     """The caller's owner id (None on an anonymous node); raises Unauthorized.
 
     A header token decides alone; the body's `authorization` field counts only without one.
+    `api_key_header`: a route's second token header (the Anthropic routes' x-api-key), read when no
+    Authorization token is sent and checked the same way.
     """
     header = request.headers.get("authorization")
+    if api_key_header is not None and extract_token(header) is None:
+        header = request.headers.get(api_key_header)
     if extract_token(header) is not None:
         return service.auth.check(header)
     body_token = body.get("authorization") if isinstance(body, dict) else None

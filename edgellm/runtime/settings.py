@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     # A multimodal projector GGUF made for model_path (SmolVLM, Qwen2.5-VL, Gemma 3, Ultravox...):
     # images and/or audio in content arrays. Without it the node takes text only.
     mmproj_path: str | None = None
+    # /v1/embeddings: a dedicated embedding GGUF (bge, nomic-embed, e5...: its own pooling); None = the
+    # generation model's weights, mean-pooled. embedding_ctx: the embedding context's tokens (the longest
+    # input, one batch's tokens), 0 = embeddings off. Both are in the memory plan.
+    embedding_model_path: str | None = None
+    embedding_ctx: int = Field(512, ge=0, le=8192)
     media_dirs: list[str] = Field(default_factory=list, description="folders image/audio file paths may name")
     allow_remote_media: bool = False  # fetch http(s) image URLs (the node then requests what a client names)
     remote_media_timeout_s: float = Field(10.0, gt=0, le=300)
@@ -243,6 +248,8 @@ class Settings(BaseSettings):
             kv_type=self.kv_cache_type,
             n_batch=self.n_batch,
             flash_attn=self.flash_attn,
+            embedding_ctx=self.embedding_ctx,
+            embedding_model=self._embedding_shape(),
         )
         if not plan.fits:
             raise SettingsError(f"the model does not fit the memory budget: {plan.refusal()}")
@@ -252,10 +259,29 @@ class Settings(BaseSettings):
             raise SettingsError(str(exc)) from None
         return plan
 
+    def _embedding_shape(self) -> ModelShape | None:
+        path = self.resolved_embedding_model_path()
+        if path is None:
+            return None
+        try:
+            return ModelShape.from_gguf(path)
+        except (OSError, ValueError, struct.error) as exc:
+            raise SettingsError(f"embedding_model_path: the GGUF metadata of {path} is unreadable: {exc}") from None
+
+    def resolved_embedding_model_path(self) -> str | None:
+        if self.embedding_model_path and not os.path.isfile(self.embedding_model_path):
+            raise SettingsError(f"embedding model file not found: {self.embedding_model_path}")
+        return self.embedding_model_path or None
+
     def model(self) -> ModelConfig:
         # Before the memory plan and before any worker: a file llama.cpp cannot load (not GGUF, cut
         # short) stops the node at once, with its name, instead of failing in every start attempt.
-        for what, path in (("model", self.resolved_model_path()), ("mmproj", self.resolved_mmproj_path())):
+        files = (
+            ("model", self.resolved_model_path()),
+            ("mmproj", self.resolved_mmproj_path()),
+            ("embedding model", self.resolved_embedding_model_path()),
+        )
+        for what, path in files:
             if path is not None:
                 try:
                     check_gguf_file(path)
@@ -278,6 +304,8 @@ class Settings(BaseSettings):
             adaptive_threads=self.thread_policy == "adaptive",
             speculative=self.speculative_decoding,
             mmproj_path=self.resolved_mmproj_path(),
+            embedding_model_path=self.resolved_embedding_model_path(),
+            embedding_ctx=self.embedding_ctx,
         )
 
     def memory_report(self) -> dict[str, Any] | None:

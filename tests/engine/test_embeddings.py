@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm.engine.embedder import ALIGN, cells
+from edgellm.engine.embedder import cells, layout
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
 from tests.engine.conftest import req
 
@@ -41,14 +41,20 @@ def test_same_text_same_vector_alone_and_in_a_batch_of_8(engine):
     together = vectors(run(engine, [embed("b", batch)])["b"])
     assert together.shape == (8, engine.core.model.n_embd)
     for row, text in zip(together, batch, strict=True):
-        # float rounding only (the inputs start at aligned cells: see embedder.ALIGN); a misaligned
-        # start differed by ~3e-2 before the alignment
+        # float rounding only (each input laid out as alone: embedder.TILE); without the layout a
+        # text at another place in the batch differed by ~3e-2
         assert np.abs(row - alone[text]).max() < 1e-5
     # and across requests batched by the engine (several requests in one decode)
     outs = run(engine, [embed(f"r{i}", [t]) for i, t in enumerate(batch)])
     for i, text in enumerate(batch):
         assert np.abs(vectors(outs[f"r{i}"])[0] - alone[text]).max() < 1e-5
     assert engine.core.scheduler.tasks.embed_batches > 0
+
+
+def test_layout_keeps_inputs_as_they_sit_alone():
+    assert layout([7, 7, 7]) == [0, 7, 16]  # the third would cross cell 16: it starts there
+    assert layout([3, 20, 5]) == [0, 16, 36]  # a long input starts a tile; a short one fills the rest
+    assert cells([16, 16]) == 32 and cells([1, 17]) == 33
 
 
 def test_paraphrase_is_closer_than_unrelated_text(engine):
@@ -81,7 +87,9 @@ def test_bad_inputs_fail_only_their_request(engine):
         ],
     )
     assert "outside the vocabulary" in outs["vocab"].error
-    assert "embedding input holds at most" in outs["long"].error and outs["long"].error_type == "context_length_exceeded"
+    assert (
+        "embedding input holds at most" in outs["long"].error and outs["long"].error_type == "context_length_exceeded"
+    )
     assert outs["empty"].error is not None
     assert outs["fine"].error is None and vectors(outs["fine"]).shape[0] == 1
     assert outs["gen"].error is None and outs["gen"].completion_tokens > 0
@@ -91,7 +99,9 @@ def test_embedding_batches_take_turns_with_generation(engine):
     """A request of many inputs is decoded in several batches, between generation steps: generation
     goes on while it runs, and both finish."""
     many = [f"sentence number {i} about the weather" for i in range(60)]
-    outs = run(engine, [req("g", "Write a short story about a robot.", max_tokens=24, temperature=0.0), embed("e", many)])
+    outs = run(
+        engine, [req("g", "Write a short story about a robot.", max_tokens=24, temperature=0.0), embed("e", many)]
+    )
     assert outs["g"].completion_tokens == 24
     assert vectors(outs["e"]).shape[0] == 60
 
@@ -103,10 +113,6 @@ def test_cancelled_embedding_ends_with_one_output(engine):
     outs: list[EngineOutput] = []
     engine.core.run_until_idle(on_output=outs.append)
     assert [o.finish_reason for o in outs if o.request_id == "c"] == [FinishReason.ABORT]
-
-
-def test_cells_are_aligned():
-    assert cells(1) == ALIGN and cells(ALIGN) == ALIGN and cells(ALIGN + 1) == 2 * ALIGN
 
 
 @pytest.mark.parametrize(
@@ -160,3 +166,27 @@ def test_infill_needs_fim_tokens(engine):
     r = EngineRequest("f", [{"role": "user", "content": "def f("}], apply_chat_template=False, infill_suffix="):")
     out = run(engine, [r])["f"]
     assert "fill-in-the-middle" in out.error
+
+
+def test_a_dedicated_embedding_model_uses_its_own_pooling(tmp_path, model_path, engine):
+    """embedding_model_path: a second GGUF (here the bundled weights declaring `last` pooling) embeds,
+    with its own tokenizer and pooling, beside the generation model."""
+    from edgellm.engine.core import EngineCore
+    from edgellm.engine.model import ModelConfig
+    from tests.template_models import model_with_pooling
+
+    dedicated = str(model_with_pooling(3, tmp_path))
+    text = "The cat sat on the mat."
+    mean = vectors(run(engine, [embed("m", [text])])["m"])[0]
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=512, n_slots=1, embedding_model_path=dedicated))
+    try:
+        outs: dict[str, EngineOutput] = {}
+        core.add(embed("d", [text, "hi"]))
+        core.run_until_idle(on_output=lambda o: outs.__setitem__(o.request_id, o))
+        out = outs["d"]
+        assert out.result["pooling"] == "last"
+        last = vectors(out)[0]
+        assert last.shape == mean.shape and np.abs(last - mean).max() > 1e-3
+        assert core.info.n_embd == mean.shape[0] and core.info.embed_ctx == 512  # not cut to the slot's context
+    finally:
+        core.close()

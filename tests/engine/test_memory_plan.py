@@ -23,6 +23,7 @@ from edgellm.engine.memory_plan import (
     parse_size,
     plan_memory,
 )
+from edgellm.runtime.settings import bundled_model_path
 
 # Qwen2.5-1.5B-Instruct as a Q4_K_M GGUF: 28 layers, 12 heads (2 KV), hidden 1536, head dim 128, FFN 8960.
 QWEN_1_5B = ModelShape(
@@ -334,3 +335,18 @@ def test_main_refuses_a_plan_that_does_not_fit(model_path, capsys):
     assert "memory_budget is 64 MiB" in err
     assert main([model_path, "--budget", "plenty"]) == 2
     assert "cannot read 'plenty'" in capsys.readouterr().err
+
+
+def test_embeddings_are_planned_for():
+    from edgellm.engine.memory_plan import embedding_bytes
+
+    shape = ModelShape.from_gguf(bundled_model_path())
+    context = embedding_bytes(shape, 512)
+    # measured for the bundled model's embedding context at 512 tokens (llama.cpp 0.3.36, CPU): 100 MiB
+    # compute buffer, ~96 MiB output buffer, 11 MiB KV
+    assert 200 * MIB < context < 260 * MIB
+    assert embedding_bytes(shape, 0) == 0
+    assert embedding_bytes(shape, 512, shape) == context + shape.file_bytes  # a dedicated model's weights too
+    with_embeddings = plan_memory(shape, budget_bytes=4 * GIB, embedding_ctx=512)
+    without = plan_memory(shape, budget_bytes=4 * GIB)
+    assert with_embeddings.total_bytes - without.total_bytes == context

@@ -61,16 +61,20 @@ def test_unknown_preset_lists_the_known_ones():
 
 
 def test_auto_context_fits_the_budget_and_a_model_that_does_not_fit_is_refused():
-    settings = load_settings(None, n_ctx="auto", n_slots="auto", memory_budget="700MiB")
+    settings = load_settings(None, n_ctx="auto", n_slots="auto", memory_budget="900MiB")
     model = settings.model()
     plan = settings.memory_report()
-    assert plan["fits"] and plan["total_bytes"] <= 700 * MIB
+    assert plan["fits"] and plan["total_bytes"] <= 900 * MIB
+    assert plan["embedding_bytes"] > 0  # the embedding context (embedding_ctx 512) is planned for
+    off = load_settings(None, n_ctx="auto", n_slots="auto", memory_budget="900MiB", embedding_ctx=0)
+    off.model()
+    assert off.memory_report()["embedding_bytes"] == 0 and off.memory_report()["n_ctx"] >= plan["n_ctx"]
     assert (model.n_ctx, model.n_slots) == (plan["n_ctx"], plan["n_slots"])
     assert model.n_ctx % 256 == 0 and plan["auto_ctx"]
     with pytest.raises(SettingsError, match=r"does not fit the memory budget: the model's weights \(94 MiB\)"):
         load_settings(None, memory_budget="100MiB").model()
     with pytest.raises(SettingsError, match=r"n_ctx=65536 over 8 slot\(s\) needs"):
-        load_settings(None, n_ctx=65536, memory_budget="600MiB").model()
+        load_settings(None, n_ctx=65536, memory_budget="900MiB").model()
     with pytest.raises(SettingsError, match="memory_budget"):
         load_settings(None, memory_budget="lots")
 
