@@ -116,7 +116,8 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
             "memory plan",
             f"n_ctx {plan['n_ctx']} = {plan['n_slots']} slots x {plan['slot_ctx']} ({plan['kv_type']} KV); "
             f"weights {plan['weights_mib']} MiB + KV {plan['kv_mib']} + compute {plan['compute_mib']} + overhead "
-            f"{plan['overhead_mib']} + embeddings {plan.get('embedding_mib', 0)} = {plan['total_mib']} MiB of a {plan['budget_mib']} MiB budget",
+            f"{plan['overhead_mib']} + embeddings {plan.get('embedding_mib', 0)} = {plan['total_mib']} MiB "
+            f"of a {plan['budget_mib']} MiB budget",
         )
     else:
         say("memory plan", f"n_ctx {config.model.n_ctx}, {config.model.n_slots} slots (sizes not read from the GGUF)")
