@@ -305,6 +305,10 @@ class Registry:
         rows = self._rows("SELECT status, COUNT(*) AS n FROM requests GROUP BY status")
         return {r["status"]: r["n"] for r in rows}
 
+    def delete(self, request_id: str) -> bool:
+        """Remove one record (a client deleting what it stored); False when there was none."""
+        return self._run("DELETE FROM requests WHERE request_id=?", (request_id,)).rowcount > 0
+
     def evict_expired(self) -> int:
         return self._run(
             "DELETE FROM requests WHERE expires_at IS NOT NULL AND expires_at <= ?", (time.time(),)

@@ -36,7 +36,7 @@ from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.interface import EngineClient
-from edgellm.engine.types import EngineOutput
+from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
 from edgellm.errors import (
     EdgeLLMError,
     EngineUnavailable,
@@ -45,6 +45,7 @@ from edgellm.errors import (
     QueueFull,
     UnknownRequest,
     WaitTimeout,
+    error_from,
 )
 from edgellm.media.types import MediaCaps
 
@@ -104,6 +105,9 @@ class Service:
         # (name, help, labels, value) gauges for /metrics. None: nothing to report.
         self.board: BoardSource | None = None
         self.memory_plan: dict[str, Any] | None = None  # the engine's memory plan, for /status
+        # Engine tasks that take no slot and keep no record (embeddings, tokenizer, template): their
+        # final output resolves the future (run_task), nothing else reads it.
+        self._tasks: dict[str, asyncio.Future] = {}
 
     # -- wiring ------------------------------------------------------------------------------
     def bind(self, engine: EngineClient, loop: asyncio.AbstractEventLoop) -> None:
@@ -237,6 +241,53 @@ class Service:
         self.outputs.add_request(request_id, request.stop, sent.reply)
         self.engine.submit(sent)
 
+    async def run_task(self, request: EngineRequest, timeout_s: float) -> EngineOutput:
+        """Run an engine task other than generation (EngineTask) and return its final output; its error,
+        when it failed, as the EdgeLLMError its type stands for. Counted against max_queued like any
+        request, never registered: the answer is all there is of it."""
+        self._require_engine()
+        with self.requests.lock:
+            self._refuse_when_full()
+            self.requests.registering += 1
+        key = f"task-{uuid.uuid4().hex}"
+        request.request_id = key
+        request.deadline = time.time() + timeout_s
+        fut = asyncio.get_running_loop().create_future()
+        self._tasks[key] = fut
+        try:
+            try:
+                await asyncio.to_thread(self.engine.submit, request)
+            finally:
+                with self.requests.lock:
+                    self.requests.registering -= 1
+            try:
+                out = await asyncio.wait_for(asyncio.shield(fut), timeout_s + 5.0)
+            except asyncio.TimeoutError:
+                self.abort(key)
+                raise WaitTimeout(f"the {request.task} request did not finish within {timeout_s:g} s") from None
+        finally:
+            self._tasks.pop(key, None)
+        if out.finish_reason is FinishReason.TIMEOUT:
+            raise WaitTimeout(f"the {request.task} request did not finish within {timeout_s:g} s")
+        if out.error is not None:
+            raise error_from(out.error_type, out.error)
+        return out
+
+    async def count_prompt_tokens(self, chat: ChatRequest) -> int:
+        """The prompt tokens `chat` would run with: its messages through the model's chat template (tools
+        and template kwargs included), tokenized as generation tokenizes them."""
+        return int((await self.render(chat)).result["n_tokens"])
+
+    async def render(self, chat: ChatRequest) -> EngineOutput:
+        """The prompt text and token count of a validated request (RENDER: /apply-template, counting)."""
+        sent = engine_request("", chat, 0, created_at=time.time(), chat_format=self.chat_format())
+        sent.task = EngineTask.RENDER
+        return await self.run_task(sent, min(chat.timeout, 60.0))
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        out = await self.run_task(EngineRequest("", [], task=EngineTask.DETOKENIZE, payload={"tokens": tokens}), 60.0)
+        return out.result["content"]
+
     def chat_format(self) -> ChatFormat:
         """The model's (EngineInfo's); the generic one until the engine has reported."""
         return ChatFormat.from_dict((self.engine.info or {}).get("chat_format") if self.engine else None)
@@ -259,6 +310,10 @@ class Service:
         """One engine message: deltas go to their streams; finals are stored in one transaction, then
         their waiters are resolved with the delivered outcome (no re-read of SQLite)."""
         finals: list[Outcome] = []
+        if self._tasks:
+            for out in [o for o in outs if o.finished and o.request_id in self._tasks]:
+                self._post(self._resolve_task, out)
+            outs = [o for o in outs if o.request_id not in self._tasks]
         processed = [self.outputs.process(out) for out in outs]
         for out in processed:
             if not out.finished:
@@ -311,6 +366,11 @@ class Service:
     def _post(self, fn, arg) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn, arg)
+
+    def _resolve_task(self, out: EngineOutput) -> None:
+        fut = self._tasks.get(out.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(out)
 
     def _resolve(self, outcome: Outcome) -> None:
         state = self.requests.get(outcome.request_id)
@@ -402,6 +462,24 @@ class Service:
             if rec.result is not None:
                 body["result"] = rec.result
         return body
+
+    async def stored_record(self, request_id: str, owner: str | None) -> RequestRecord | None:
+        """The record of `request_id` as `owner` may read it (as request_status decides: its own, or an
+        anonymous one), with a result still held in memory (disk full) laid over a pending row; None
+        when it is unknown, expired, deleted or another token's."""
+        rec = await asyncio.to_thread(self._record, request_id, owner)
+        if rec is None:
+            return None
+        unsaved = self.requests.unsaved_of(rec.request_id)
+        if unsaved is not None and rec.status is RequestStatus.PENDING:
+            rec = dataclasses.replace(
+                rec, status=unsaved.status, result=unsaved.result, error=unsaved.error, error_type=unsaved.error_type
+            )
+        return rec
+
+    async def delete_record(self, key: str) -> bool:
+        """Remove the record under `key` (a key `stored_record` returned); False when it is already gone."""
+        return await asyncio.to_thread(self.registry.delete, key)
 
     def _record(self, request_id: str, owner: str | None) -> RequestRecord | None:
         keys = dict.fromkeys((request_key(request_id, owner), request_id))

@@ -1,5 +1,5 @@
-"""The HTTP side of `edgellm batch-run`: the chat URL, the body sent, one POST with its retries, and the
-answer turned into a result line's status / http_code / response | error.
+"""The HTTP side of `edgellm batch-run`: the route URLs (chat, completions, embeddings), the body sent,
+one POST with its retries, and the answer turned into a result line's status / http_code / response | error.
 
 Retries: a request is sent again only when the server provably did not produce an answer: a refused
 connection, or 429/502/503/504. Retry-After is honoured on 429/503 up to MAX_RETRY_AFTER_S (a server
@@ -24,7 +24,7 @@ import requests
 from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
 
 from edgellm import jsonsafe
-from edgellm.batch.inputs import CHAT_URL, COMPLETIONS_URL, BatchOptions, url_of  # inputs imports nothing from here
+from edgellm.batch.inputs import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, BatchOptions, url_of  # no import cycle
 
 # 429/503 say "come back later", 502/504 are a proxy's view of a server that is down or restarting:
 # in every case the server did not produce an answer, so sending the request again is safe.
@@ -47,13 +47,22 @@ def chat_url(endpoint: str) -> str:
 
 def completions_url(endpoint: str) -> str:
     """/v1/completions for the same endpoint forms chat_url accepts (the chat URL itself included)."""
+    return _route_url(endpoint, "/completions")
+
+
+def embeddings_url(endpoint: str) -> str:
+    """/v1/embeddings for the same endpoint forms (a route URL given as the endpoint included)."""
+    return _route_url(endpoint, "/embeddings")
+
+
+def _route_url(endpoint: str, route: str) -> str:
     url = endpoint.rstrip("/")
-    for tail in ("/chat/completions", "/completions"):
+    for tail in ("/chat/completions", "/completions", "/embeddings"):
         if url.endswith(tail):
-            return url.removesuffix(tail) + "/completions"
+            return url.removesuffix(tail) + route
     if url.endswith("/v1"):
-        return url + "/completions"
-    return url + "/v1/completions"
+        return url + route
+    return url + "/v1" + route
 
 
 def strict_json(raw: bytes) -> Any:
@@ -143,7 +152,11 @@ class Sender:
     def __init__(self, opts: BatchOptions):
         self.opts = opts
         self.url = chat_url(opts.endpoint)
-        self.urls = {CHAT_URL: self.url, COMPLETIONS_URL: completions_url(opts.endpoint)}  # by a request's `url`
+        self.urls = {  # by a request's `url`
+            CHAT_URL: self.url,
+            COMPLETIONS_URL: completions_url(opts.endpoint),
+            EMBEDDINGS_URL: embeddings_url(opts.endpoint),
+        }
         self._local = threading.local()
 
     def session(self) -> requests.Session:

@@ -4,7 +4,8 @@ Every problem of the file is found before anything is sent (exit 2, `BatchInputE
 first): JSON the node's strict reader refuses (edgellm/jsonsafe.py: duplicate keys, NaN, huge numbers,
 lone surrogates, depth), requests without a usable id, duplicate ids, and a request asking for a
 stream (`"stream": true`): the runner reads whole answers, so the line would be generated and paid
-for, then written as an error.
+for, then written as an error. (An embeddings line has no stream: a `stream` field there is sent, and
+refused by the route as any unknown parameter.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class BatchInputError(EdgeLLMError):
 # A request's optional `url` (as in OpenAI batch files): the route it goes to; chat when absent.
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-URLS = (CHAT_URL, COMPLETIONS_URL)
+EMBEDDINGS_URL = "/v1/embeddings"
+URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
 
 
 def url_of(req: dict[str, Any]) -> str:
@@ -89,16 +91,16 @@ def load_requests(path: Path) -> list[dict[str, Any]]:
         rid = req.get("id")
         if isinstance(rid, bool) or not isinstance(rid, str | int) or (isinstance(rid, str) and not rid.strip()):
             raise BatchInputError(f'{path}: requests[{i}] has no "id" (a non-empty string or an integer)')
-        if req.get("stream") not in (None, False):
+        url = req.get("url")
+        if url != EMBEDDINGS_URL and req.get("stream") not in (None, False):
             raise BatchInputError(
                 f'{path}: requests[{i}] (id {rid!r}) sets "stream": {jsonsafe_text(req["stream"])}; batch-run reads '
                 'whole answers into results.jsonl, not event streams: remove "stream" or set it to false'
             )
-        url = req.get("url")
         if url is not None and url not in URLS:
             raise BatchInputError(
                 f'{path}: requests[{i}] (id {rid!r}) has "url": {jsonsafe_text(url)}; batch-run sends to '
-                f"{' or '.join(URLS)} (absent: {CHAT_URL})"
+                f"{', '.join(URLS)} (absent: {CHAT_URL})"
             )
         key = str(rid)
         if key in seen:

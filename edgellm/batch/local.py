@@ -13,6 +13,14 @@ Outcome.result_or_raise: timeouts 504, guide dead ends 422, engine failures 500)
 the route's bodies (openai_compat.completion_body / error_body), rendered by the route's
 SafeJSONResponse (wire.render) and read back like an HTTP answer (runner.answer_outcome).
 
+A `"url": "/v1/embeddings"` line is answered as the node's embeddings route answers it: the same
+body-size check, parse_embeddings (the served model name, the engine's embedding width,
+max_prompt_bytes), the EMBED task on the same engine (its failures, a token id outside the vocabulary
+or an input too long for the embedding context, are that line's error, as Service.run_task maps
+them), and embeddings_body. EMBED answers are plain data the OutputProcessor knows nothing of, so
+they run through the engine core's loop before the generation requests, each final EngineOutput
+taken as it is; their latency_ms is the engine's embed time.
+
 latency_ms: from when the engine queued the request to its final output, by the engine's own
 clock (timings queue + ttft + decode); a request refused before it reached the engine: the time
 its validation took. A request's `timeout` (default: request_timeout of the settings) counts from
@@ -48,6 +56,7 @@ from edgellm.api.completions_compat import (
     parse_completion_request,
     prompt_text,
 )
+from edgellm.api.embeddings_compat import EmbeddingsCall, embeddings_body, parse_embeddings
 from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
 from edgellm.api.output_processor import RequestOutput
 from edgellm.api.service import (
@@ -60,12 +69,12 @@ from edgellm.api.service import (
 )
 from edgellm.api.validation import ChatRequest
 from edgellm.batch.http_client import answer_outcome, wire_body
-from edgellm.batch.inputs import COMPLETIONS_URL, url_of
+from edgellm.batch.inputs import COMPLETIONS_URL, EMBEDDINGS_URL, url_of
 from edgellm.batch.transport import Deliver
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.guide_llguidance import grammar_for
-from edgellm.engine.types import EngineRequest
-from edgellm.errors import EdgeLLMError
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
+from edgellm.errors import EdgeLLMError, WaitTimeout, error_from
 from edgellm.media.types import MediaCaps
 from edgellm.phases import CLOSING, decoding_reporter
 from edgellm.wire import body_too_large, parse_body, render
@@ -149,6 +158,39 @@ class LocalTransport:
                 echoes.append(text)
         return chats, opts, echoes
 
+    def validate_embeddings(self, req: dict[str, Any]) -> EmbeddingsCall:
+        """A `"url": "/v1/embeddings"` request as the node's embeddings route validates it; raises the
+        EdgeLLMError it would answer. The EMBED request it holds gets its id and time budget here."""
+        raw = wire_body(req, self.model_override)
+        refusal = body_too_large(len(raw), self.max_body_bytes)
+        if refusal is not None:
+            raise refusal
+        call = parse_embeddings(
+            parse_body(raw),
+            self.config.model_name,
+            n_embd=self.engine.scheduler.tasks.n_embd,
+            max_bytes=self.config.max_prompt_bytes,
+        )
+        # The route's budget is the node's default timeout, from arrival; here from when the engine queues it.
+        call.request.request_id = f"task-{uuid.uuid4().hex}"
+        call.request.timeout_s = self.config.default_timeout_s
+        return call
+
+    def _embedding_line(self, rid: Any, call: EmbeddingsCall, out: EngineOutput) -> dict[str, Any]:
+        """The route's answer to an EMBED output: its body, or the error Service.run_task raises."""
+        try:
+            if out.finish_reason is FinishReason.TIMEOUT:
+                raise WaitTimeout(
+                    f"the {call.request.task} request did not finish within {self.config.default_timeout_s:g} s"
+                )
+            if out.error is not None:
+                raise error_from(out.error_type, out.error)
+            code = 200
+            body = embeddings_body(out.result["embeddings"], call, self.config.model_name, out.prompt_tokens)
+        except EdgeLLMError as exc:
+            code, body = exc.http_status, error_body(exc)
+        return {"id": rid, "latency_ms": _latency_ms(out, call.request), **answer_outcome(code, _rendered(body))}
+
     def _engine_request(self, chat: ChatRequest) -> tuple[str, EngineRequest]:
         request_id = uuid.uuid4().hex  # as Service.submit: the response id is chatcmpl-<it> (cmpl-<it>)
         seed = chat.seed if chat.seed is not None else secrets.randbits(64)
@@ -164,8 +206,17 @@ class LocalTransport:
     def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
         queued: dict[str, tuple[int, Any, OpenAIOptions, EngineRequest]] = {}
         parts: dict[str, tuple[_Completion, int, EngineRequest]] = {}  # a completions line's prompts
+        embeds: dict[str, tuple[int, Any, EmbeddingsCall]] = {}
         for i, req in todo:
             start = time.perf_counter()
+            if url_of(req) == EMBEDDINGS_URL:
+                try:
+                    call = self.validate_embeddings(req)
+                except EdgeLLMError as exc:
+                    deliver(i, _line(req["id"], start, exc.http_status, _rendered(error_body(exc))))
+                    continue
+                embeds[call.request.request_id] = (i, req["id"], call)
+                continue
             if url_of(req) == COMPLETIONS_URL:
                 try:
                     chats, copts, echoes = self.validate_completions(req)
@@ -207,17 +258,40 @@ class LocalTransport:
             line = {"id": rid, "latency_ms": _latency_ms(out, request), **answer_outcome(code, _rendered(body))}
             deliver(i, line)
 
-        if not queued and not parts:
+        if not queued and not parts and not embeds:
             return
         decoding = None
         if self.on_phase is not None:
             # (1-based place in the file, the id for the phase of a request decoded alone)
             places = {rid: (entry[0] + 1, f"id {json.dumps(entry[1])[:80]}") for rid, entry in queued.items()}
             places.update({rid: (g.index + 1, f"id {json.dumps(g.rid)[:80]}") for rid, (g, _, _) in parts.items()})
+            places.update({rid: (entry[0] + 1, f"id {json.dumps(entry[1])[:80]}") for rid, entry in embeds.items()})
             total = self.total or max(n for n, _ in places.values())
             decoding = decoding_reporter(self.on_phase, places, total, self._decoding_started)
+        if embeds:
+            self._embed(embeds, deliver, decoding)
+        if not queued and not parts:
+            return
         requests = [entry[3] for entry in queued.values()] + [entry[2] for entry in parts.values()]
         self.engine.generate(requests, on_finished=finished, on_decoding=decoding)
+
+    def _embed(
+        self,
+        embeds: dict[str, tuple[int, Any, EmbeddingsCall]],
+        deliver: Deliver,
+        decoding: Callable[[tuple[str, ...]], None] | None,
+    ) -> None:
+        """The EMBED requests on the engine core's loop, each final output answered as it comes (the
+        embedding batches take no slot: the core's own decoding report does not see them)."""
+        if decoding is not None:
+            decoding(tuple(embeds))
+
+        def on_output(out: EngineOutput) -> None:
+            if out.finished and out.request_id in embeds:
+                i, rid, call = embeds.pop(out.request_id)
+                deliver(i, self._embedding_line(rid, call, out))
+
+        self.engine.core.run_until_idle([call.request for _, _, call in embeds.values()], on_output=on_output)
 
     def _completion_line(self, group: _Completion) -> dict[str, Any]:
         """A completions line once all its prompts ended: the route's body, or the first failed prompt's
@@ -255,10 +329,12 @@ def _line(rid: Any, start: float, code: int, raw: bytes) -> dict[str, Any]:
     return {"id": rid, "latency_ms": round(1000 * (time.perf_counter() - start), 1), **answer_outcome(code, raw)}
 
 
-def _latency_ms(out: RequestOutput, request: EngineRequest) -> float:
+def _latency_ms(out: RequestOutput | EngineOutput, request: EngineRequest) -> float:
     timings = out.timings
     if "ttft_ms" in timings and "decode_ms" in timings:  # queued -> first token -> final output
         return round(timings["ttft_ms"] + timings["decode_ms"], 1)
+    if "embed_ms" in timings:  # an EMBED request: queued -> its vectors
+        return round(timings["embed_ms"], 1)
     if request.deadline is not None and request.timeout_s is not None:  # ended before a slot took it
         queued_at = request.deadline - request.timeout_s  # the engine set the deadline when it queued it
         return round(max(0.0, 1000 * (time.time() - queued_at)), 1)

@@ -24,16 +24,22 @@ from edgellm.api.request_state import public_id
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized
+from edgellm.runtime.anthropic_routes import add_anthropic_routes
+from edgellm.runtime.anthropic_routes import error_response as anthropic_error_response
 from edgellm.runtime.board import BoardTelemetry
+from edgellm.runtime.completions_routes import add_completions_routes
 from edgellm.runtime.console_routes import add_console_routes
+from edgellm.runtime.cors import Cors
+from edgellm.runtime.engine_task_routes import add_engine_task_routes
 from edgellm.runtime.gpu_memory import gpu_memory
 from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_body
 from edgellm.runtime.http_common import authenticate as authenticate_request
-from edgellm.runtime.http_guard import Drain, GuardConfig, HttpGuard, remember_request_id
+from edgellm.runtime.http_guard import CountResponses, Drain, GuardConfig, HttpGuard, remember_request_id
 from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.openai_routes import add_openai_routes
 from edgellm.runtime.process_memory import process_memory
 from edgellm.runtime.prometheus import prometheus_text
+from edgellm.runtime.responses_routes import add_responses_routes
 from edgellm.runtime.settings import Settings
 from edgellm.runtime.supervisor import WorkerEngine
 
@@ -285,6 +291,10 @@ def create_app(
         return respond(service.metrics())
 
     add_openai_routes(app, service, settings.body_limit())
+    add_responses_routes(app, service, settings.body_limit())
+    add_completions_routes(app, service, settings.body_limit())
+    add_anthropic_routes(app, service, settings.body_limit())
+    add_engine_task_routes(app, service, settings.body_limit())
     add_console_routes(app, service, settings.body_limit())
 
     def openapi() -> dict[str, Any]:
@@ -303,6 +313,8 @@ def create_app(
 
     def error_response(path: str, exc: EdgeLLMError) -> Response:
         """Refusals decided before a route runs, in the shape that route family answers with."""
+        if path.startswith("/v1/messages"):
+            return anthropic_error_response(exc)
         if path.startswith("/v1/"):
             return SafeJSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
         return respond(exc.to_body(), exc.http_status, exc.headers)
@@ -318,4 +330,9 @@ def create_app(
         drain=drain,
         error_response=error_response,
     )
+    # Added after the guard, so outside it: the guard's refusals carry the CORS headers too.
+    if settings.cors_origins:
+        app.add_middleware(Cors, origins=tuple(settings.cors_origins))
+    # Outermost: every response counted, preflights and refusals included.
+    app.add_middleware(CountResponses, routes=app.router.routes, count=service.instruments.count_http)
     return app

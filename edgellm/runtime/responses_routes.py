@@ -1,0 +1,151 @@
+"""POST /v1/responses (with typed SSE events), GET and DELETE /v1/responses/{id}, over the same Service.
+
+A Responses body is translated into a chat-completions body (api/responses_compat.py) and goes the
+chat route's way: `service.parse_openai`, `submit`, then `wait` or `stream`. The record the registry
+keeps of it is the stored response: GET rebuilds the object from it, `previous_response_id` the
+conversation, DELETE removes it; each only for the token that created it (others get a 404).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from edgellm.api import responses_compat as rc
+from edgellm.api.openai_compat import error_body
+from edgellm.api.output_processor import RequestOutput
+from edgellm.api.request_state import public_id
+from edgellm.api.results import outcome_of
+from edgellm.api.service import Service
+from edgellm.errors import EdgeLLMError
+from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
+from edgellm.runtime.http_common import authenticate, read_json_body
+from edgellm.runtime.http_guard import remember_request_id
+from edgellm.runtime.openai_routes import ClientGone, _wait_unless_disconnected, raise_for_failure
+from edgellm.wire import render
+
+BODY_DOC = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": rc.REQUEST_SCHEMA}}},
+}
+# The id is read from the path by the handler (a bad one is a 404 in OpenAI's shape, not FastAPI's 422),
+# so the document states its form here.
+ID_DOC = {
+    "parameters": [
+        {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": rc.ID_PATTERN}}
+    ]
+}
+
+
+def _error(exc: EdgeLLMError) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
+
+
+def _sse(event: dict) -> str:
+    return f"event: {event['type']}\ndata: {render(event).decode()}\n\n"
+
+
+def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) -> None:
+    async def stored(response_id: str, owner: str | None, param: str | None = None) -> rc.StoredResponse:
+        """The stored response `owner` may read, or a 404 (unknown, expired, deleted, store=false, another token's)."""
+        rec = await service.stored_record(rc.request_id_of(response_id, param), owner)
+        found = rc.stored_response(rec) if rec is not None else None
+        if found is None:
+            raise rc.not_found(response_id, param)
+        return found
+
+    @app.post("/v1/responses", openapi_extra=BODY_DOC)
+    async def create_response(request: Request):
+        try:
+            owner = authenticate(service, request)  # the header alone: no body read without it
+            body = await read_json_body(request, max_body_bytes)
+            req = rc.parse_responses_request(body, service.model_name, max_messages=service.config.max_messages)
+            earlier = None
+            if req.previous_response_id is not None:
+                prev = await stored(rc.response_id(req.previous_response_id), owner, "previous_response_id")
+                earlier = rc.history(prev)
+            chat_body, sources = rc.chat_body(req, earlier)
+            try:
+                chat, _ = await service.parse_openai(chat_body)
+            except EdgeLLMError as exc:
+                raise rc.translate_error(exc, sources) from None
+            # What the response object echoes rides in the record's metadata (the chat route keeps none).
+            chat = chat.model_copy(update={"metadata": {rc.META_KEY: req.meta}})
+            key = await service.submit(chat, mode="sync", stream=req.stream, owner=owner)
+            rid = rc.response_id(public_id(key))
+            remember_request_id(request.scope, public_id(key))  # named in the 503 if shutdown cuts the wait
+            params = chat.params_dict()
+            if not req.stream:
+                try:
+                    result = await _wait_unless_disconnected(service, request, key, chat.timeout)
+                except ClientGone:
+                    return Response(status_code=499)
+                done = rc.StoredResponse(key, rid, "completed", req.meta, params, result, None, None)
+                return rc.response_body(done)
+            outputs = service.stream(key)
+            first = await anext(outputs)
+            if first.finished:
+                raise_for_failure(first)
+        except EdgeLLMError as exc:
+            return _error(exc)
+        return StreamingResponse(
+            _events(service, key, rid, req.meta, params, first, outputs),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    @app.get("/v1/responses/{response_id}", openapi_extra=ID_DOC)
+    async def get_response(request: Request):
+        try:
+            owner = authenticate(service, request)
+            return rc.response_body(await stored(request.path_params["response_id"], owner))
+        except EdgeLLMError as exc:
+            return _error(exc)
+
+    @app.delete("/v1/responses/{response_id}", openapi_extra=ID_DOC)
+    async def delete_response(request: Request):
+        response_id = request.path_params["response_id"]
+        try:
+            owner = authenticate(service, request)
+            found = await stored(response_id, owner)
+            if not await service.delete_record(found.key):
+                raise rc.not_found(response_id)
+            return rc.deleted_body(found.response_id)
+        except EdgeLLMError as exc:
+            return _error(exc)
+
+
+async def _events(
+    service: Service,
+    key: str,
+    rid: str,
+    meta: dict,
+    params: dict,
+    first: RequestOutput,
+    outputs: AsyncIterator[RequestOutput],
+) -> AsyncIterator[str]:
+    """The typed SSE events of one response; a client that goes away mid-stream frees its slot."""
+    stream = rc.EventStream(rid.removeprefix(rc.ID_PREFIX))
+    done = False
+    try:
+        for event in stream.start(rc.in_progress(meta, params, rid)):
+            yield _sse(event)
+        out = first
+        while True:
+            for event in stream.feed(out.events):
+                yield _sse(event)
+            if out.finished:
+                break
+            out = await anext(outputs)
+        # The final object is the one GET answers: built from the result as the registry stores it.
+        outcome = outcome_of(out, service.model_name, public_id(key))
+        status = outcome.status.value
+        error_type = None if outcome.error_type is None else str(outcome.error_type)
+        final = rc.StoredResponse(key, rid, status, meta, params, outcome.result, outcome.error, error_type)
+        for event in stream.finish(rc.response_body(final)):
+            yield _sse(event)
+        done = True
+    finally:
+        if not done:  # the client went away mid-stream: free the slot
+            service.abort(key)
