@@ -196,7 +196,8 @@ class Scheduler:
         self.threads.tick()
         if self.tasks.pending():
             # Before the slots' step, so that an embedding batch and a decode step take turns.
-            outputs += self.tasks.step(self._aborted)
+            generating = any(s.state is not SlotState.IDLE for s in self.slots)
+            outputs += self.tasks.step(self._aborted, generating=generating)
         self._drop_cancelled(outputs)
         self._admit(outputs)
         self._propose_drafts()
@@ -207,6 +208,7 @@ class Scheduler:
         failed = self._decode_media(plan)
         logits = self._decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits, failed)
         elapsed = time.perf_counter() - t0
+        self.tasks.earn(elapsed)
         self.stats.decode_s += elapsed
         if plan.prefill or plan.media:  # a step that carries prompt chunks (generation tokens may ride along)
             self.stats.prefill_decode_s += elapsed

@@ -30,6 +30,14 @@ from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, Inv
 log = logging.getLogger(__name__)
 
 
+# While slots generate, embeddings get at most this share of the engine's decode time (generation keeps
+# >= 80 % of its speed), in batches of at most BUSY_BATCH_CELLS cells (one batch holds a decode step up
+# by ~0.2 s on 2 CPU cores); with no slot generating they take whole batches back to back.
+EMBED_SHARE = 0.2
+BUSY_BATCH_CELLS = 64
+MAX_CREDIT_S = 1.0
+
+
 @dataclass(eq=False)  # compared and hashed by identity: a job is in the queue once
 class EmbedJob:
     """One EMBED request: its inputs' tokens (from the prepare pool), and the rows computed so far."""
@@ -67,6 +75,7 @@ class Tasks:
         self.embedder: Embedder | None = None
         self.embedded_inputs = 0  # counters for /metrics
         self.embed_batches = 0
+        self.credit_s = 0.0  # embedding decode time earned by generation steps (EMBED_SHARE)
 
     @property
     def n_embd(self) -> int:
@@ -91,16 +100,26 @@ class Tasks:
         return [f for _, f in self.utility] + [j.future for j in self.embeds if not j.future.done()]
 
     # -- the step ----------------------------------------------------------------------------
-    def step(self, cancelled: set[str]) -> list[EngineOutput]:
-        """Answers that are ready, and one embedding batch."""
+    def earn(self, generation_s: float) -> None:
+        """A generation decode took `generation_s`: embeddings may take their share of that much."""
+        self.credit_s = min(MAX_CREDIT_S, self.credit_s + generation_s * EMBED_SHARE / (1 - EMBED_SHARE))
+
+    def step(self, cancelled: set[str], *, generating: bool = False) -> list[EngineOutput]:
+        """Answers that are ready, and one embedding batch: a small one, and only on credit earned by
+        generation (earn()), while `generating`."""
         outputs: list[EngineOutput] = []
         for request, future in [(r, f) for r, f in self.utility if f.done()]:
             self.utility.remove((request, future))
             outputs.append(_answer(request, future))
         self._drop(outputs, cancelled)
-        batch = self._next_batch(outputs)
+        if generating and self.credit_s <= 0:
+            return outputs
+        batch = self._next_batch(outputs, BUSY_BATCH_CELLS if generating else self.embed_ctx)
         if batch:
+            t0 = time.perf_counter()
             self._run(batch, outputs)
+            if generating:
+                self.credit_s -= time.perf_counter() - t0
         return outputs
 
     def _drop(self, outputs: list[EngineOutput], cancelled: set[str]) -> None:
@@ -122,8 +141,9 @@ class Tasks:
             text = "request deadline passed" if reason is FinishReason.TIMEOUT else "request cancelled"
             outputs.append(EngineOutput.failure(rid, text, None, reason))
 
-    def _next_batch(self, outputs: list[EngineOutput]) -> list[tuple[EmbedJob, int]]:
-        """(job, input index) pairs for one decode: inputs in arrival order while they fit."""
+    def _next_batch(self, outputs: list[EngineOutput], budget: int) -> list[tuple[EmbedJob, int]]:
+        """(job, input index) pairs for one decode: inputs in arrival order while they fit `budget` cells
+        (the first input always goes: it fits the context, its request checked that)."""
         batch: list[tuple[EmbedJob, int]] = []
         lengths: list[int] = []
         for job in self.embeds:
@@ -134,7 +154,7 @@ class Tasks:
                 job.rows = [None] * len(inputs)
             while job.next_input < len(inputs):
                 size = len(inputs[job.next_input])
-                if len(batch) >= MAX_SEQUENCES or cells([*lengths, size]) > self.embed_ctx:
+                if batch and (len(batch) >= MAX_SEQUENCES or cells([*lengths, size]) > budget):
                     return batch
                 batch.append((job, job.next_input))
                 lengths.append(size)

@@ -41,7 +41,7 @@ def test_completions_url_takes_the_endpoint_forms_of_chat_url(endpoint, url):
 def test_url_is_not_sent_and_an_unknown_one_is_refused_up_front(tmp_path):
     assert json.loads(wire_body({"id": 1, "url": "/v1/completions", "prompt": "a"}, None)) == {"prompt": "a"}
     path = tmp_path / "in.json"
-    path.write_text(json.dumps({"requests": [{"id": 1, "url": "/v1/embeddings", "input": "a"}]}))
+    path.write_text(json.dumps({"requests": [{"id": 1, "url": "/v1/rerank", "input": "a"}]}))
     with pytest.raises(BatchInputError) as info:
         load_requests(path)
     assert "/v1/embeddings" in info.value.message and "/v1/completions" in info.value.message
