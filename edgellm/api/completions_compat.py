@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.chat_request import ChatRequest
-from edgellm.api.display import kind_of, show, show_name
+from edgellm.api.display import kind_of, show
 from edgellm.api.fields import FIELDS, MAX_MESSAGES, MAX_PROMPT_BYTES, OPENAI_PASSTHROUGH
 from edgellm.api.json_values import has_surrogate
-from edgellm.api.openai_compat import ModelNotFound
+from edgellm.api.openai_compat import check_model, refuse_unknown
 from edgellm.api.validation import MAX_TOKEN_ID, parse_chat_request
 from edgellm.errors import InvalidRequest
 
@@ -103,15 +103,8 @@ def parse_completion_request(
             f"'{chat_only[0]}' is a chat parameter, not one of /v1/completions; use /v1/chat/completions",
             param=chat_only[0],
         )
-    unknown = sorted(str(k) for k in body if k not in ACCEPTED_FIELDS)
-    if unknown:
-        name = show_name(unknown[0])
-        raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("you must provide a model parameter", param="model")
-    if model != model_id:
-        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
+    refuse_unknown(body, ACCEPTED_FIELDS)
+    check_model(body, model_id)
     stream = _flag(body, "stream")
     stream_options = body.get("stream_options")
     if stream_options is None:

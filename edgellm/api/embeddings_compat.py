@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.api.display import show, show_name
-from edgellm.api.openai_compat import ModelNotFound
+from edgellm.api.display import show
+from edgellm.api.openai_compat import check_model, refuse_unknown
 from edgellm.engine.types import EngineRequest, EngineTask
 from edgellm.errors import InvalidRequest, PayloadTooLarge
 
@@ -34,15 +34,8 @@ def parse_embeddings(body: Any, model_id: str, *, n_embd: int, max_bytes: int) -
     token ids or a list of such lists."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    unknown = sorted(str(k) for k in body if k not in EMBEDDING_FIELDS)
-    if unknown:
-        name = show_name(unknown[0])
-        raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("you must provide a model parameter", param="model")
-    if model != model_id:
-        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
+    refuse_unknown(body, EMBEDDING_FIELDS)
+    check_model(body, model_id)
     encoding = body.get("encoding_format", "float") or "float"
     if encoding not in ENCODINGS:
         raise InvalidRequest(
@@ -133,10 +126,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 def _only(body: Any, allowed: frozenset[str]) -> dict:
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    unknown = sorted(str(k) for k in body if k not in allowed)
-    if unknown:
-        name = show_name(unknown[0])
-        raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
+    refuse_unknown(body, allowed)
     return body
 
 

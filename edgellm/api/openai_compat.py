@@ -70,6 +70,23 @@ class OpenAIOptions:
     top_logprobs: int = 0
 
 
+def refuse_unknown(body: dict, known: frozenset[str] | set[str]) -> None:
+    """400 naming the first field (sorted) that is not in `known`, the name shown escaped."""
+    unknown = sorted(str(k) for k in body if k not in known)
+    if unknown:
+        name = show_name(unknown[0])
+        raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
+
+
+def check_model(body: dict, model_id: str) -> None:
+    """The OpenAI routes' `model`: required, and the one this node serves (else 404 model_not_found)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("you must provide a model parameter", param="model")
+    if model != model_id:
+        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
+
+
 def parse_openai_request(
     body: Any,
     model_id: str,
@@ -88,15 +105,8 @@ def parse_openai_request(
     bad = sorted(k for k in body if k in UNSUPPORTED_FIELDS and body[k] not in (None, [], False))
     if bad:
         raise InvalidRequest(f"'{bad[0]}' is not supported by this server", param=bad[0])
-    unknown = sorted(str(k) for k in body if k not in MAPPED_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
-    if unknown:
-        name = show_name(unknown[0])
-        raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("you must provide a model parameter", param="model")
-    if model != model_id:
-        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
+    refuse_unknown(body, MAPPED_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
+    check_model(body, model_id)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")

@@ -22,7 +22,7 @@ from typing import Any
 
 from edgellm.api.display import kind_of, show, show_name
 from edgellm.api.json_values import has_surrogate
-from edgellm.api.openai_compat import ModelNotFound
+from edgellm.api.openai_compat import check_model, refuse_unknown
 from edgellm.api.request_state import public_id
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest, UnknownRequest
 
@@ -185,18 +185,12 @@ def parse_responses_request(body: Any, model_id: str, *, max_messages: int = 512
     API's terms. Raises only EdgeLLMError subclasses, whatever `body` holds."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    unknown = sorted(str(k) for k in body if k not in READ_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
-    if unknown:
-        name = show_name(unknown[0])
-        raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
+    refuse_unknown(body, READ_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
     asked = sorted(k for k in body if k in UNSUPPORTED_FIELDS and body[k] not in (None, False, 0, [], {}))
     if asked:
         raise InvalidRequest(f"'{asked[0]}' is not supported by this server", param=asked[0])
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("you must provide a model parameter", param="model")
-    if model != model_id:
-        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
+    check_model(body, model_id)
+    model = model_id
     stream = _flag(body, "stream", False)
     store = _flag(body, "store", True)
     _include(body.get("include"))
