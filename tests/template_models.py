@@ -52,3 +52,22 @@ def model_with_pooling(pooling: int, out_dir: Path) -> Path:
         new = {f"{arch}.pooling_type": MetadataDetails(gguf.GGUFValueType.UINT32, pooling)}
         copy_with_new_metadata(reader, writer, new, [])
     return out
+
+
+def model_with_fim(out_dir: Path, ids: tuple[int, int, int] = (1, 2, 3)) -> Path:
+    """A copy of the bundled model whose vocabulary names fill-in-the-middle prefix, suffix and middle
+    tokens (`tokenizer.ggml.fim_{pre,suf,mid}_token_id`, here existing control tokens): /v1/completions'
+    `suffix` on a model that has them."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    out = Path(out_dir) / "smollm2-fim.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        reader = gguf.GGUFReader(bundled_model_path(), "r")
+        arch = reader.get_field("general.architecture").contents()
+        writer = gguf.GGUFWriter(str(out), arch=arch, endianess=reader.endianess)
+        keys = ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id")
+        new = {k: MetadataDetails(gguf.GGUFValueType.UINT32, v) for k, v in zip(keys, ids, strict=True)}
+        copy_with_new_metadata(reader, writer, new, [])
+    return out

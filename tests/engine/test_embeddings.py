@@ -190,3 +190,29 @@ def test_a_dedicated_embedding_model_uses_its_own_pooling(tmp_path, model_path, 
         assert core.info.n_embd == mean.shape[0] and core.info.embed_ctx == 512  # not cut to the slot's context
     finally:
         core.close()
+
+
+def test_infill_builds_the_fim_prompt(tmp_path, model_path):
+    """A model whose vocabulary has FIM tokens: <PRE> prompt <SUF> suffix <MID>, then the middle."""
+    from edgellm.engine.core import EngineCore
+    from edgellm.engine.model import ModelConfig
+    from tests.template_models import model_with_fim
+
+    core = EngineCore(ModelConfig(path=str(model_with_fim(tmp_path)), n_ctx=512, n_slots=1))
+    try:
+        assert core.model.fim_tokens() == (1, 2, 3) and core.info.infill
+        prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))"
+        r = EngineRequest(
+            "f",
+            [{"role": "user", "content": prefix}],
+            req("x", max_tokens=4, temperature=0.0).sampling,
+            apply_chat_template=False,
+            infill_suffix=suffix,
+        )
+        outs: dict[str, EngineOutput] = {}
+        core.add(r)
+        core.run_until_idle(on_output=lambda o: outs.__setitem__(o.request_id, o))
+        expected = len(core.model.with_bos([1, *core.model.tokenize(prefix), 2, *core.model.tokenize(suffix), 3]))
+        assert outs["f"].error is None and outs["f"].prompt_tokens == expected
+    finally:
+        core.close()
