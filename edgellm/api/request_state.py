@@ -126,8 +126,12 @@ class RequestTable:
         return sum(1 for s in self._all() if s.assembling)
 
     @contextmanager
-    def registering_one(self) -> Iterator[None]:
+    def registering_one(self, check: Callable[[], None] | None = None) -> Iterator[None]:
+        """One request being registered (it counts as in flight until it reaches the engine client);
+        `check` (the max_queued refusal) runs under the same lock as the count: one step under races."""
         with self.lock:
+            if check is not None:
+                check()
             self.registering += 1
         try:
             yield

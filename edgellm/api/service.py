@@ -210,10 +210,7 @@ class Service:
                 f"{unsaved} finished result(s) could not be written to the request registry (disk "
                 "full?); new requests are refused until they are stored"
             )
-        with self.requests.lock:  # the check and the count: one step, so max_queued holds under races
-            self._refuse_when_full()
-            self.requests.registering += 1
-        try:
+        with self.requests.registering_one(self._refuse_when_full):  # max_queued holds under races
             key = request_key(request.request_id, owner) if request.request_id else uuid.uuid4().hex
             seed = request.seed if request.seed is not None else secrets.randbits(64)
             inserted = await asyncio.to_thread(
@@ -229,9 +226,6 @@ class Service:
                 state.stream = asyncio.Queue()
             # The pipe send can block while the worker is mid-step: keep it off the event loop.
             await asyncio.to_thread(self._dispatch, key, request, seed, stream=stream, created_at=time.time())
-        finally:
-            with self.requests.lock:
-                self.requests.registering -= 1
         return key
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
@@ -246,20 +240,14 @@ class Service:
         when it failed, as the EdgeLLMError its type stands for. Counted against max_queued like any
         request, never registered: the answer is all there is of it."""
         self._require_engine()
-        with self.requests.lock:
-            self._refuse_when_full()
-            self.requests.registering += 1
         key = f"task-{uuid.uuid4().hex}"
         request.request_id = key
         request.deadline = time.time() + timeout_s
         fut = asyncio.get_running_loop().create_future()
-        self._tasks[key] = fut
         try:
-            try:
+            with self.requests.registering_one(self._refuse_when_full):
+                self._tasks[key] = fut
                 await asyncio.to_thread(self.engine.submit, request)
-            finally:
-                with self.requests.lock:
-                    self.requests.registering -= 1
             try:
                 out = await asyncio.wait_for(asyncio.shield(fut), timeout_s + 5.0)
             except asyncio.TimeoutError:

@@ -19,7 +19,7 @@ from edgellm.errors import EdgeLLMError, WaitTimeout
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
 from edgellm.runtime.http_guard import remember_request_id
-from edgellm.runtime.openai_routes import ClientGone, raise_for_failure
+from edgellm.runtime.openai_routes import ClientGone, raise_for_failure, unless_disconnected
 
 API_KEY_HEADER = "x-api-key"  # the Anthropic clients' header; Authorization: Bearer works as well
 
@@ -119,25 +119,17 @@ async def _final_unless_disconnected(
             raise EdgeLLMError("the request's stream ended without a final output")
         return final
 
-    waiter = asyncio.ensure_future(last())
-    deadline = asyncio.get_running_loop().time() + timeout_s + 5.0  # the grace Service.wait gives too
-    try:
-        while True:
-            done, _ = await asyncio.wait({waiter}, timeout=0.5)
-            if done:
-                return waiter.result()
-            if await request.is_disconnected():
-                service.abort(key)
-                raise ClientGone(key)
-            if asyncio.get_running_loop().time() > deadline:
-                shown = public_id(key)
-                raise WaitTimeout(
-                    f"request {shown} did not finish within {timeout_s:g} s; poll /request_status?request_id={shown}",
-                    request_id=shown,
-                )
-    finally:
-        if not waiter.done():
-            waiter.cancel()
+    async def last_in_time() -> RequestOutput:
+        try:
+            return await asyncio.wait_for(last(), timeout_s + 5.0)  # the grace Service.wait gives too
+        except asyncio.TimeoutError:  # builtin TimeoutError only from 3.11
+            shown = public_id(key)
+            raise WaitTimeout(
+                f"request {shown} did not finish within {timeout_s:g} s; poll /request_status?request_id={shown}",
+                request_id=shown,
+            ) from None
+
+    return await unless_disconnected(service, request, key, last_in_time())
 
 
 async def _events(

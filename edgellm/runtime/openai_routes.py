@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -26,6 +27,8 @@ from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
 from edgellm.runtime.http_guard import remember_request_id
+
+T = TypeVar("T")
 
 
 def _sse(data: dict | str) -> str:
@@ -134,16 +137,21 @@ async def _events(
 
 async def _wait_unless_disconnected(service: Service, request: Request, request_id: str, timeout_s: float) -> dict:
     """Wait for the result; a caller that hangs up cancels its generation (its slot frees at the next step)."""
-    waiter = asyncio.ensure_future(service.wait(request_id, timeout_s))
+    return await unless_disconnected(service, request, request_id, service.wait(request_id, timeout_s))
+
+
+async def unless_disconnected(service: Service, request: Request, key: str, answer: Awaitable[T]) -> T:
+    """Await `answer` (a request's result or final output) while watching the caller: one that hangs up
+    has request `key` aborted (its slot frees at the next step) and raises ClientGone."""
+    waiter = asyncio.ensure_future(answer)
     try:
         while True:
             done, _ = await asyncio.wait({waiter}, timeout=0.5)
             if done:
                 return waiter.result()
             if await request.is_disconnected():
-                service.abort(request_id)
-                waiter.cancel()
-                raise ClientGone(request_id)
+                service.abort(key)
+                raise ClientGone(key)
     finally:
         if not waiter.done():
             waiter.cancel()
