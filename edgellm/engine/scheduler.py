@@ -25,7 +25,7 @@ from edgellm.engine.samples import SampleGroup
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
-from edgellm.engine.tasks import Tasks
+from edgellm.engine.tasks import Tasks, cancel_reason, cancel_text
 from edgellm.engine.thinking import prompt_opens
 from edgellm.engine.token_step import Finish, TokenStep
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, GuideKind
@@ -370,25 +370,21 @@ class Scheduler:
             if reason is None:
                 kept.append(p)
             else:
-                outputs.append(EngineOutput.failure(p.request.request_id, _cancel_text(reason), None, reason))
+                outputs.append(EngineOutput.failure(p.request.request_id, cancel_text(reason), None, reason))
         self.waiting = kept
         for slot in self.slots:
             if slot.state is not SlotState.IDLE:
                 reason = self._cancel_reason(slot.request, now)
                 if reason is not None:
-                    self._emit(outputs, self._finish(slot, Finish(reason, _cancel_text(reason))))
+                    self._emit(outputs, self._finish(slot, Finish(reason, cancel_text(reason))))
         for group in [g for g in self.groups if g.unstarted]:
             reason = self._cancel_reason(group.request, now)
             if reason is not None:
-                self._emit(outputs, self._group_done(group, group.cancel_unstarted(reason, _cancel_text(reason))))
+                self._emit(outputs, self._group_done(group, group.cancel_unstarted(reason, cancel_text(reason))))
         self._aborted.clear()
 
     def _cancel_reason(self, request: EngineRequest, now: float) -> FinishReason | None:
-        if request.request_id in self._aborted:
-            return FinishReason.ABORT
-        if request.deadline is not None and now >= request.deadline:
-            return FinishReason.TIMEOUT
-        return None
+        return cancel_reason(request, self._aborted, now)
 
     def _admit(self, outputs: list[EngineOutput]) -> None:
         # A request whose preparation failed ends now, whether or not a slot is free.
@@ -622,7 +618,3 @@ def _adapter_key(request: EngineRequest) -> tuple[str, float] | None:
     if request.lora_path is None or request.lora_scale == 0.0:
         return None
     return (request.lora_path, request.lora_scale)
-
-
-def _cancel_text(reason: FinishReason) -> str:
-    return "request deadline passed" if reason is FinishReason.TIMEOUT else "request cancelled"

@@ -126,20 +126,13 @@ class Tasks:
         """Embedding jobs cancelled, past their deadline, or whose inputs could not be prepared."""
         now = time.time()
         for job in list(self.embeds):
-            rid = job.request.request_id
-            if rid in cancelled:
-                reason = FinishReason.ABORT
-            elif job.request.deadline is not None and now >= job.request.deadline:
-                reason = FinishReason.TIMEOUT
+            reason = cancel_reason(job.request, cancelled, now)
+            if reason is not None:
+                self.embeds.remove(job)
+                outputs.append(EngineOutput.failure(job.request.request_id, cancel_text(reason), None, reason))
             elif job.future.done() and job.future.exception() is not None:
                 self.embeds.remove(job)
                 outputs.append(_answer(job.request, job.future))
-                continue
-            else:
-                continue
-            self.embeds.remove(job)
-            text = "request deadline passed" if reason is FinishReason.TIMEOUT else "request cancelled"
-            outputs.append(EngineOutput.failure(rid, text, None, reason))
 
     def _next_batch(self, outputs: list[EngineOutput], budget: int) -> list[tuple[EmbedJob, int]]:
         """(job, input index) pairs for one decode: inputs in arrival order while they fit `budget` cells
@@ -249,6 +242,19 @@ class Tasks:
                 n = len(model.raw_tokens(request.messages))
             return {"prompt": prompt, "n_tokens": n, "fits": n <= room, "slot_ctx": model.slot_ctx}
         raise EngineError(f"unknown engine task {request.task!r}")
+
+
+def cancel_reason(request: EngineRequest, cancelled: set[str], now: float) -> FinishReason | None:
+    """ABORT when the caller cancelled the request, TIMEOUT past its deadline (wall clock), else None."""
+    if request.request_id in cancelled:
+        return FinishReason.ABORT
+    if request.deadline is not None and now >= request.deadline:
+        return FinishReason.TIMEOUT
+    return None
+
+
+def cancel_text(reason: FinishReason) -> str:
+    return "request deadline passed" if reason is FinishReason.TIMEOUT else "request cancelled"
 
 
 def _piece_text(data: bytes) -> str | list[int]:
