@@ -3,9 +3,11 @@
 
 Three tasks on the in-process engine (the node's scheduler): extract fields of a given paragraph into
 JSON (schema-guided), summarise / restate a given text, and free-form generation (nothing to copy: the
-no-loss check). Each runs 3 times with drafts and 3 times without (request flag), temperature 0;
-prints median tokens/s, the ratio, and the share of draft tokens accepted. The outputs with and
-without drafts are compared too: they must be identical.
+no-loss check). Each runs 3 times without drafts (request flag), 3 times with the adaptive rule (drafts
+sent only where this device's measured decode costs say they pay: engine/decode_cost.py) and 3 times
+with every proposal sent (the rule off), interleaved, temperature 0; prints median tokens/s, the
+ratios to no drafts, and the share of draft tokens accepted. The outputs of all three are compared
+too: they must be identical.
 
     python tools/bench_speculative.py [--max-tokens 160]
 """
@@ -70,10 +72,13 @@ TASKS = {
 }
 
 
-def run(engine: OfflineEngine, task: str, speculative: bool, max_tokens: int, i: int) -> tuple[float, str]:
+def run(engine: OfflineEngine, task: str, mode: str, max_tokens: int, i: int) -> tuple[float, str]:
+    """mode: "off" (no drafts), "adaptive" (the cost rule) or "always" (every proposal verified)."""
     content, guide = TASKS[task]
+    speculative = mode != "off"
+    engine.scheduler.adaptive_drafts = mode != "always"
     request = EngineRequest(
-        f"{task[:8]}-{speculative}-{i}",
+        f"{task[:8]}-{mode}-{i}",
         [{"role": "user", "content": content}],
         SamplingParams(temperature=0.0, max_tokens=max_tokens),
         guide=guide,
@@ -93,25 +98,31 @@ def main() -> int:
     args = p.parse_args()
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     config = ModelConfig(path=args.model, n_ctx=4096, n_slots=1)
-    print(f"{'task':30} {'tok/s without':>14} {'tok/s with':>11} {'ratio':>6} {'accepted':>9} {'same text':>10}")
+    head = f"{'task':30} {'tok/s off':>10} {'adaptive':>9} {'ratio':>6} {'always':>7} {'ratio':>6}"
+    print(f"{head} {'accepted (adaptive / always)':>29} {'same text':>10}")
     with OfflineEngine(config) as engine:
-        run(engine, "free-form (nothing to copy)", True, 8, -1)  # warm-up
+        run(engine, "free-form (nothing to copy)", "adaptive", 8, -1)  # warm-up
         stats = engine.scheduler.stats
+        print("decode cost (ms by tokens):", engine.scheduler.decode_cost.table())
         for task in TASKS:
-            without, with_ = [], []
+            rates: dict[str, list[float]] = {"off": [], "adaptive": [], "always": []}
+            shares = {"adaptive": [0, 0], "always": [0, 0]}
             texts = set()
-            drafted0, accepted0 = stats.drafted_tokens, stats.accepted_tokens
-            for i in range(args.runs):  # interleaved: drift on a noisy machine hits both sides alike
-                rate, text = run(engine, task, False, args.max_tokens, i)
-                without.append(rate)
-                texts.add(text)
-                rate, text = run(engine, task, True, args.max_tokens, i)
-                with_.append(rate)
-                texts.add(text)
-            drafted, accepted = stats.drafted_tokens - drafted0, stats.accepted_tokens - accepted0
-            a, b = statistics.median(without), statistics.median(with_)
-            share = f"{accepted}/{drafted}" if drafted else "-"
-            print(f"{task:30} {a:14.1f} {b:11.1f} {b / a:5.2f}x {share:>9} {str(len(texts) == 1):>10}")
+            for i in range(args.runs):  # interleaved: drift on a noisy machine hits all sides alike
+                for mode in rates:
+                    drafted0, accepted0 = stats.drafted_tokens, stats.accepted_tokens
+                    rate, text = run(engine, task, mode, args.max_tokens, i)
+                    rates[mode].append(rate)
+                    texts.add(text)
+                    if mode in shares:
+                        shares[mode][0] += stats.accepted_tokens - accepted0
+                        shares[mode][1] += stats.drafted_tokens - drafted0
+            off, adaptive, always = (statistics.median(rates[m]) for m in ("off", "adaptive", "always"))
+            accepted = " / ".join(f"{a}/{d}" if d else "-" for a, d in shares.values())
+            print(
+                f"{task:30} {off:10.1f} {adaptive:9.1f} {adaptive / off:5.2f}x {always:7.1f} {always / off:5.2f}x "
+                f"{accepted:>29} {str(len(texts) == 1):>10}"
+            )
     return 0
 
 

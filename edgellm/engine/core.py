@@ -44,6 +44,7 @@ class EngineCore:
         except BaseException:
             self.model.close()
             raise
+        self.scheduler.probe_decode_cost()  # what a verify row costs here (~0.2 s; engine/decode_cost.py)
         self.warmup_ms = 0.0
         self.self_test: dict | None = None
 
@@ -61,8 +62,10 @@ class EngineCore:
     def rebuild_scheduler(self) -> None:
         """A fresh scheduler (and projector) on the same model: after a failure left requests that
         could not be cleared (the serving plugin's last resort)."""
+        cost = self.scheduler.decode_cost
         self.scheduler.close()
         self.scheduler = self._new_scheduler()
+        self.scheduler.decode_cost = cost
 
     # -- requests ----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> EngineOutput | None:
@@ -186,7 +189,10 @@ class EngineCore:
     def stats(self) -> EngineStats:
         steps = self.scheduler.stats
         return EngineStats(
-            EngineLoad(**self.scheduler.load()), dataclasses.replace(steps, finished=dict(steps.finished))
+            EngineLoad(**self.scheduler.load()),
+            dataclasses.replace(
+                steps, finished=dict(steps.finished), decode_cost_ms=self.scheduler.decode_cost.table()
+            ),
         )
 
     def close(self) -> None:

@@ -18,18 +18,16 @@ from collections.abc import Sequence
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2  # a single repeated token ("the", a comma) predicts too little to be worth a verify row
-# Measured on the bundled model (2-core CPU): a decode of 1 token takes 6.2 ms, of 2 tokens 12.8 ms (the
-# matmuls leave the one-row path), then +2.4 ms a token (8: 27.8 ms, 16: 45.6 ms). One or two draft tokens
-# never pay; a long run of accepted ones halves the time per token.
-MIN_DRAFT = 3
+MIN_MATCH_DRAFT = 3  # a match that continues for fewer tokens is not proposed
 MAX_DRAFT = 16  # per slot per step
-START_DRAFT = 4
-# A slot whose drafts keep failing (free-form text) stops drafting for a while: every rejected draft
-# token costs a verification row. Below this accepted share it pauses for PAUSE_STEPS steps.
-MIN_ACCEPTANCE = 0.6
-PAUSE_STEPS = 32  # doubled after each pause that did not help, up to MAX_PAUSE_STEPS
-MAX_PAUSE_STEPS = 512
 LOOKBACK = 4096  # context tokens searched (the most recent); a long prompt's search stays ~1 ms
+# A slot's acceptance estimate starts at PRIOR with the weight of PRIOR_WEIGHT draft tokens, and
+# forgets: its evidence is capped at MAX_EVIDENCE tokens, so a request that stops copying (a quote
+# ends, free text follows) stops drafting within a few drafts.
+PRIOR = 0.5
+PRIOR_WEIGHT = 2.0
+MAX_EVIDENCE = 12.0
+MAX_SHADOW_BACKOFF = 16  # steps between unsent drafts checked for a slot whose drafts keep failing
 
 
 def propose(context: Sequence[int], k: int) -> list[int]:
@@ -51,36 +49,92 @@ def propose(context: Sequence[int], k: int) -> list[int]:
                     if t < 0:
                         break
                     draft.append(t)
-                if len(draft) >= min(MIN_DRAFT, k):
+                if len(draft) >= min(MIN_MATCH_DRAFT, k):
                     return draft
     return []
 
 
-class DraftLength:
-    """A slot's draft length, following how many of its recent drafts were accepted."""
+def expected_accepted(p: float, k: int) -> float:
+    """Draft tokens accepted on average out of k, when each is accepted with chance p once the ones
+    before it were (verification keeps a draft's prefix up to its first miss)."""
+    if k <= 0:
+        return 0.0
+    if p >= 1.0:
+        return float(k)
+    return p * (1.0 - p**k) / (1.0 - p)
+
+
+def best_length(p: float, available: int, fed: int, produced: float, step_ms) -> int:
+    """Draft tokens worth verifying for one slot: the k that most raises the step's tokens per ms.
+
+    `fed`: tokens the step decodes already; `produced`: the new tokens it yields (one per generating
+    slot, plus what other slots' drafts are expected to add); `step_ms(n)`: a decode's cost of n
+    tokens (engine/decode_cost.py). 0 when no length beats the step without this slot's drafts: the
+    drafts then cost more than the steps they are expected to save.
+    """
+    best_k, best = 0, produced / max(step_ms(fed), 1e-9)
+    for k in range(1, available + 1):
+        rate = (produced + expected_accepted(p, k)) / max(step_ms(fed + k), 1e-9)
+        if rate > best:
+            best_k, best = k, rate
+    return best_k
+
+
+class Acceptance:
+    """One slot's evidence on how often its drafts are accepted (the chance p above), from the drafts
+    it verified and from the drafts it did not send: those are checked against the tokens the slot
+    then generated, which is exactly what verification would have kept (the sample at a position does
+    not depend on drafts), so a slot learns whether drafting would pay without paying for the rows.
+    """
 
     def __init__(self) -> None:
-        self.k = START_DRAFT
-        self.acceptance = MIN_ACCEPTANCE + 0.05  # moving average of the accepted share: one miss pauses
-        self.paused = 0  # steps left without drafts
-        self.pause_len = PAUSE_STEPS
+        self.hits = PRIOR * PRIOR_WEIGHT
+        self.misses = (1.0 - PRIOR) * PRIOR_WEIGHT
+        self.shadow: tuple[int, list[int]] | None = None  # (output index of its first token, tokens)
+        self.wait = 0  # steps before the next unsent draft is proposed
+        self.backoff = 1
 
-    def next_k(self) -> int:
-        """Draft length for this step (0 while paused)."""
-        if self.paused > 0:
-            self.paused -= 1
-            return 0
-        return self.k
+    @property
+    def p(self) -> float:
+        return self.hits / (self.hits + self.misses)
 
     def update(self, proposed: int, accepted: int) -> None:
-        if proposed == 0:
+        if proposed <= 0:
             return
-        self.acceptance = 0.7 * self.acceptance + 0.3 * (accepted / proposed)
-        if accepted == proposed:
-            self.k = min(MAX_DRAFT, self.k + 4)
-            self.pause_len = PAUSE_STEPS
+        self.hits += accepted
+        self.misses += 1.0 if accepted < proposed else 0.0
+        total = self.hits + self.misses
+        if total > MAX_EVIDENCE:
+            self.hits, self.misses = self.hits * MAX_EVIDENCE / total, self.misses * MAX_EVIDENCE / total
+
+    def keep_shadow(self, start: int, tokens: list[int]) -> None:
+        self.shadow = (start, tokens)
+
+    def wants_shadow(self) -> bool:
+        """True when an unsent draft should be proposed this step (none pending and not backing off)."""
+        if self.shadow is not None:
+            return False
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def check_shadow(self, generated: list[int]) -> None:
+        """Score the unsent draft once the tokens it guessed are generated (or one of them differs)."""
+        if self.shadow is None:
+            return
+        start, tokens = self.shadow
+        made = generated[start : start + len(tokens)]
+        accepted = 0
+        for a, b in zip(tokens, made, strict=False):
+            if a != b:
+                break
+            accepted += 1
+        if accepted == len(made) and len(made) < len(tokens):
+            return  # every guess so far is right, and some are still to come
+        self.update(len(tokens), accepted)
+        self.shadow = None
+        if accepted == 0:
+            self.wait, self.backoff = self.backoff, min(MAX_SHADOW_BACKOFF, 2 * self.backoff)
         else:
-            self.k = max(MIN_DRAFT, accepted + 2)
-        if self.acceptance < MIN_ACCEPTANCE:  # drafts are not paying here: stop, retry later, later each time
-            self.paused, self.k, self.acceptance = self.pause_len, MIN_DRAFT, MIN_ACCEPTANCE + 0.05
-            self.pause_len = min(MAX_PAUSE_STEPS, 2 * self.pause_len)
+            self.backoff = 1

@@ -17,7 +17,8 @@ from concurrent.futures import wait as futures_wait
 import numpy as np
 
 from edgellm.engine.cpu_share import ThreadGovernor
-from edgellm.engine.draft import propose
+from edgellm.engine.decode_cost import DecodeCost
+from edgellm.engine.draft import MAX_DRAFT, best_length, expected_accepted, propose
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.projector import MediaCollector, Projector
@@ -33,11 +34,6 @@ from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, Err
 from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
-
-# Speculation runs while at most SPEC_MAX_SLOTS slots generate, and a step carries at most
-# SPEC_BATCH_TOKENS generation tokens (pending + drafts) in all.
-SPEC_MAX_SLOTS = 4
-SPEC_BATCH_TOKENS = 20
 
 
 class Scheduler:
@@ -69,6 +65,9 @@ class Scheduler:
         self._adapter: tuple[str, float] | None = None  # the LoRA adapter applied to the context now
         self._adapters = None  # lora.AdapterCache, created by the first request that names an adapter
         self.tasks = Tasks(model, self._preparer)  # requests that take no slot: embeddings, tokenizer, template
+        self.decode_cost = DecodeCost()  # what verifying drafts costs here (probed at start, then observed)
+        # False: every proposal is sent, whatever it costs (tools/bench_speculative.py compares the two).
+        self.adaptive_drafts = True
 
     # -- intake ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> EngineOutput | None:
@@ -212,6 +211,10 @@ class Scheduler:
         self.stats.decode_s += elapsed
         if plan.prefill or plan.media:  # a step that carries prompt chunks (generation tokens may ride along)
             self.stats.prefill_decode_s += elapsed
+        elif len(plan.decoding) == 1 and not failed:
+            # One sequence's tokens, the probe's shape: comparable with its table (many sequences'
+            # steps cost more per token for attention over separate KV streams, a different curve).
+            self.decode_cost.observe(len(plan.tokens), elapsed)
         self.stats.steps += 1
         outputs += self.update_from_output(plan, logits, failed)
         return outputs
@@ -264,29 +267,82 @@ class Scheduler:
         return outputs
 
     def _propose_drafts(self) -> None:
-        """Prompt-lookup drafts for decoding slots (engine/draft.py), while the batch is small enough
-        that verifying them costs less than the steps they save: on a CPU a decode of 16 tokens costs
-        far less than 16 decodes of one, but a batch already full of generating slots gains little."""
+        """Prompt-lookup drafts (engine/draft.py) where verifying them is expected to pay.
+
+        Each generating slot's proposal is sent only when its expected accepted tokens raise the step's
+        tokens per ms, given what a decode of n tokens costs on this device (engine/decode_cost.py)
+        and the slot's acceptance so far; slots with the best acceptance go first. A proposal not sent
+        is kept as the slot's shadow and scored against what it then generates, so a slot's estimate
+        follows its text (copying or not) without verify rows spent on finding out.
+        """
         decoding = [s for s in self.slots if s.state is SlotState.DECODE]
-        budget = SPEC_BATCH_TOKENS - sum(len(s.pending) for s in decoding) if len(decoding) <= SPEC_MAX_SLOTS else 0
-        for slot in self.slots:
+        for slot in decoding:
             slot.drafts = []
-            if slot.state is not SlotState.DECODE or budget <= 0 or not self.model.config.speculative:
-                continue
-            if not self.model.partial_trim:  # rejected drafts could not be cut from recurrent/SWA memory
-                continue
+        if not decoding or not self.model.config.speculative or not self.model.partial_trim:
+            return  # partial_trim: rejected drafts could not be cut from recurrent/SWA memory
+        fed = sum(len(s.pending) for s in decoding)
+        produced = float(len(decoding))
+        budget = self.model.n_batch - fed
+        candidates = []
+        for slot in decoding:
             if not slot.request.speculative:
                 continue
+            slot.acceptance.check_shadow(slot.generated)
             params = slot.request.sampling
             room = min(
-                slot.draft_len.next_k(),
-                budget,
+                MAX_DRAFT,
                 params.max_tokens - len(slot.generated) - 1,  # the pending sample is one of max_tokens
                 self.model.slot_ctx - slot.cells - len(slot.pending) - 1,
             )
-            if room > 0:
+            candidates.append((slot, room))
+        candidates.sort(key=lambda c: -c[0].acceptance.p)
+        for slot, room in candidates:
+            room = min(room, budget)
+            if room <= 0:
+                continue
+            accept = slot.acceptance
+            if not self.adaptive_drafts:
                 slot.drafts = propose(slot.prompt + slot.generated, room)
                 budget -= len(slot.drafts)
+                continue
+            k = best_length(accept.p, room, fed, produced, self.decode_cost.ms)
+            if k == 0 and not accept.wants_shadow():
+                continue
+            proposal = propose(slot.prompt + slot.generated, room)
+            if not proposal:
+                continue
+            k = best_length(accept.p, len(proposal), fed, produced, self.decode_cost.ms) if k else 0
+            if k == 0:
+                if accept.shadow is None:
+                    accept.keep_shadow(len(slot.generated), proposal)
+                continue
+            slot.drafts = proposal[:k]
+            accept.shadow = None  # the verification scores these positions
+            fed += k
+            budget -= k
+            produced += expected_accepted(accept.p, k)
+
+    def probe_decode_cost(self) -> dict[int, float]:
+        """Time decodes of 1..16 tokens (every row with logits, as a step verifying drafts) in slot 0's
+        sequence, before any request: the start of the draft cost table. Slot 0's cache is cleared."""
+        slot = self.slots[0]
+        if slot.state is not SlotState.IDLE or not self.model.config.speculative or not self.model.partial_trim:
+            return {}
+        token = self.model.eos_token if self.model.eos_token >= 0 else 0
+
+        def decode(n: int) -> None:
+            self.model.trim_sequence(slot.seq_id, 0)
+            self.model.decode([token] * n, list(range(n)), [slot.seq_id] * n, [True] * n)
+
+        try:
+            decode(1)  # the first decode pays llama.cpp's lazy set-up: not a cost of verify rows
+            return self.decode_cost.probe(decode)
+        except EngineError as exc:
+            log.warning("draft cost probe failed (%s); using default costs", exc.message)
+            return {}
+        finally:
+            self.model.trim_sequence(slot.seq_id, 0)
+            slot.cached = []
 
     def _settle_drafts(self, slot: Slot, accepted: int) -> None:
         """Cut the KV of the drafts the verification rejected; adapt the slot's draft length."""
@@ -295,7 +351,7 @@ class Scheduler:
             return
         self.stats.drafted_tokens += proposed
         self.stats.accepted_tokens += accepted
-        slot.draft_len.update(proposed, accepted)
+        slot.acceptance.update(proposed, accepted)
         if accepted < proposed:
             slot.n_past -= proposed - accepted
             self.model.trim_sequence(slot.seq_id, slot.n_past)

@@ -6,7 +6,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from edgellm.engine.draft import DraftLength
+from edgellm.engine.draft import Acceptance
 from edgellm.engine.guide_llguidance import Guide
 from edgellm.engine.json_closing import JsonDepth, required_keys
 from edgellm.engine.prepared import PreparedRequest, Prompt
@@ -100,7 +100,7 @@ class Slot:
         self.json_from: int | None = None  # where, in `data`, the JSON starts (once known)
         self.json_fed = 0  # of `data`, what the JsonDepth has seen
         self.closing = False  # steering to the shortest valid ending is on
-        self.draft_len = DraftLength()
+        self.acceptance = Acceptance()  # how often this request's drafts are accepted (engine/draft.py)
         self._stops = [s.encode("utf-8", "surrogatepass") for s in self.request.sampling.stop if s]
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()

@@ -22,6 +22,8 @@ class StepStats:
     media_s: float = 0.0  # their encode + decode time
     media_encode_s: float = 0.0  # of media_s: the projector's encoder alone
     finished: dict[str, int] = field(default_factory=dict)
+    # A decode's estimated ms by tokens decoded (engine/decode_cost.py): what drafts are weighed against.
+    decode_cost_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         per = max(1, self.steps)
@@ -40,4 +42,5 @@ class StepStats:
             "guide_ms_per_step": 1000 * self.guide_s / per,
             "sample_ms_per_step": 1000 * self.sample_s / per,
             "finished": dict(self.finished),
+            "decode_cost_ms": dict(self.decode_cost_ms),
         }

@@ -14,12 +14,14 @@ speculating side by side are checked for what holds there: they finish, conform,
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import jsonschema
 import pytest
 
-from edgellm.engine.draft import MIN_DRAFT, PAUSE_STEPS, START_DRAFT, DraftLength, propose
+from edgellm.engine.decode_cost import DecodeCost
+from edgellm.engine.draft import Acceptance, best_length, expected_accepted, propose
 from edgellm.engine.types import EngineRequest, GuideKind, GuideSpec, SamplingParams
 
 PARAGRAPH = (
@@ -74,20 +76,80 @@ def test_propose_continues_the_latest_earlier_occurrence():
     assert propose([1, 2, 3], 0) == []
 
 
-def test_draft_length_follows_acceptance_and_pauses_when_drafts_do_not_pay():
-    d = DraftLength()
-    assert d.next_k() == START_DRAFT
-    d.update(4, 4)
-    assert d.k == 8  # all accepted: longer drafts
-    d.update(8, 5)
-    assert d.k == 7
-    d.update(7, 0)  # free-form text: a draft that fails outright pauses drafting
-    assert [d.next_k() for _ in range(PAUSE_STEPS)] == [0] * PAUSE_STEPS
-    assert d.next_k() == MIN_DRAFT  # then it tries again, short
-    d.update(MIN_DRAFT, 0)
-    assert d.paused == 2 * PAUSE_STEPS  # and pauses longer each time it does not help
-    d.update(0, 0)
-    assert d.paused == 2 * PAUSE_STEPS
+def cpu_cost(n: int) -> float:
+    """The 2-core CPU's decode cost shape: one token 6.2 ms, two 12.8 ms, then +2.4 ms a token."""
+    return 6.2 if n == 1 else 12.8 + 2.4 * (n - 2)
+
+
+def gpu_cost(n: int) -> float:
+    return 10.0 + 0.05 * n  # a GPU: a few more rows are nearly free
+
+
+def test_expected_accepted_is_the_prefix_up_to_the_first_miss():
+    assert expected_accepted(0.0, 8) == 0.0
+    assert expected_accepted(1.0, 5) == 5.0
+    assert expected_accepted(0.5, 1) == 0.5
+    assert abs(expected_accepted(0.5, 2) - 0.75) < 1e-12
+    assert expected_accepted(0.9, 0) == 0.0
+
+
+def test_drafts_are_sent_only_where_the_device_makes_them_pay():
+    # One slot on the CPU: a verify row is dear, so only well-accepted drafts pay.
+    assert best_length(0.5, 16, fed=1, produced=1.0, step_ms=cpu_cost) == 0
+    assert best_length(0.7, 16, fed=1, produced=1.0, step_ms=cpu_cost) == 0
+    k = best_length(0.95, 16, fed=1, produced=1.0, step_ms=cpu_cost)
+    assert k >= 8
+    # Eight slots decoding: a token costs ~3.4 ms and a row more 2.4 ms: a draft must be kept 71% of the time.
+    assert best_length(0.6, 16, fed=8, produced=8.0, step_ms=cpu_cost) == 0
+    assert best_length(0.9, 16, fed=8, produced=8.0, step_ms=cpu_cost) > 0
+    # On a GPU the same modest acceptance pays, at one slot and at eight.
+    assert best_length(0.5, 16, fed=1, produced=1.0, step_ms=gpu_cost) > 0
+    assert best_length(0.5, 16, fed=8, produced=8.0, step_ms=gpu_cost) > 0
+    assert best_length(0.99, 0, fed=1, produced=1.0, step_ms=gpu_cost) == 0  # nothing to send
+
+
+def test_acceptance_learns_from_unsent_drafts_and_forgets():
+    a = Acceptance()
+    start = a.p
+    assert a.wants_shadow()
+    a.keep_shadow(3, [7, 8, 9, 10])
+    assert not a.wants_shadow()  # one at a time
+    a.check_shadow([1, 2, 3, 7, 8])  # right so far, two still to come: not scored yet
+    assert a.shadow is not None and a.p == start
+    a.check_shadow([1, 2, 3, 7, 8, 9, 10])
+    assert a.shadow is None and a.p > start  # all four would have been accepted
+    for _ in range(20):
+        a.update(8, 8)
+    high = a.p
+    assert high > 0.9
+    for _ in range(3):
+        a.update(8, 0)  # the text stopped copying
+    assert a.p < 0.8 < high
+    # An unsent draft that fails outright backs off: the next proposal waits a step, then two.
+    a.keep_shadow(0, [5, 6])
+    a.check_shadow([4])
+    assert a.shadow is None and not a.wants_shadow() and a.wants_shadow()
+    a.keep_shadow(0, [5, 6])
+    a.check_shadow([4])
+    assert [a.wants_shadow(), a.wants_shadow(), a.wants_shadow()] == [False, False, True]
+
+
+def test_decode_cost_interpolates_and_follows_what_steps_take():
+    cost = DecodeCost()
+    table = cost.probe(lambda n: None)
+    assert set(table) == {1, 2, 4, 8, 16} and cost.measured
+    sleeps = {1: 0.012, 2: 0.004, 4: 0.006, 8: 0.008, 16: 0.012}  # the 1-token runs met a busy core
+    contended = DecodeCost()
+    contended.probe(lambda n: time.sleep(sleeps[n]))
+    assert contended.ms(1) <= contended.ms(2) <= contended.ms(4)  # a size slowed by a neighbour is cut back
+    cost._ms = {1: 6.0, 2: 12.0, 4: 16.0, 8: 24.0, 16: 40.0}
+    assert cost.ms(3) == 14.0 and cost.ms(12) == 32.0
+    assert cost.ms(32) == 72.0  # past the largest: the last slope continues
+    assert cost.ms(0) == 0.0
+    cost.observe(1, 0.010)  # steps got slower (another process took a core): the estimate follows
+    assert 6.0 < cost.ms(1) < 10.0
+    cost.observe(500, 1.0)  # sizes beyond the table are not recorded
+    assert 500 not in cost._ms
 
 
 def test_greedy_output_is_token_for_token_the_same_and_drafts_are_accepted(engine):
