@@ -20,8 +20,15 @@ class ModelConfig:
     # most n_threads; False: always n_threads.
     adaptive_threads: bool = True
     speculative: bool = True  # prompt-lookup drafts verified in the batch (engine/draft.py)
+    # A small GGUF with the target's vocabulary (engine/draft_model.py): drafts come from it instead of
+    # prompt lookup (None: prompt lookup). Only with speculative on.
+    draft_model_path: str | None = None
     mmproj_path: str | None = None  # a multimodal projector GGUF made for this model (images, audio)
     # /v1/embeddings: a dedicated embedding model (None: the generation model's weights, mean-pooled), and
     # the embedding context's size (the longest input, and the tokens of one batch); 0 turns embeddings off.
     embedding_model_path: str | None = None
     embedding_ctx: int = 512
+    # The persistent prefix KV cache (engine/prefix_store.py): a folder for prefix state files that survive
+    # restarts (None: off), and the most bytes its files may take (least recently used go first).
+    prefix_cache_dir: str | None = None
+    prefix_cache_bytes: int = 512 * 1024 * 1024

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.draft_model import DraftModel
 from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import attach_projector
@@ -57,7 +58,36 @@ class EngineCore:
             n_threads=self.model.n_threads,
             use_gpu=self.model.offload.device == "gpu",
         )
-        return Scheduler(self.model, max_waiting=self.max_waiting, projector=projector, projector_error=projector_error)
+        try:
+            draft_model = self._draft_model()
+        except BaseException:
+            if projector is not None:
+                projector.close()
+            raise
+        return Scheduler(
+            self.model,
+            max_waiting=self.max_waiting,
+            projector=projector,
+            projector_error=projector_error,
+            draft_model=draft_model,
+        )
+
+    def _draft_model(self) -> DraftModel | None:
+        """The configured draft model (engine/draft_model.py); refused at start when its vocabulary is
+        not the target's. None where speculation is off or the memory cannot drop rejected drafts."""
+        path = self.config.draft_model_path
+        if not path or not self.config.speculative or not self.model.partial_trim:
+            return None
+        model = self.model
+        return DraftModel(
+            path,
+            model,
+            n_slots=model.n_slots,
+            slot_ctx=model.slot_ctx,
+            n_threads=model.n_threads,
+            n_gpu_layers=self.config.n_gpu_layers,
+            n_batch=model.n_batch,
+        )
 
     def rebuild_scheduler(self) -> None:
         """A fresh scheduler (and projector) on the same model: after a failure left requests that

@@ -27,6 +27,7 @@ LOOKBACK = 4096  # context tokens searched (the most recent); a long prompt's se
 PRIOR = 0.5
 PRIOR_WEIGHT = 2.0
 MAX_EVIDENCE = 12.0
+EXPLORE_DRAFT = 4  # a request's first draft from a draft model, sent whatever its expected gain
 MAX_SHADOW_BACKOFF = 16  # steps between unsent drafts checked for a slot whose drafts keep failing
 
 
@@ -64,17 +65,19 @@ def expected_accepted(p: float, k: int) -> float:
     return p * (1.0 - p**k) / (1.0 - p)
 
 
-def best_length(p: float, available: int, fed: int, produced: float, step_ms) -> int:
+def best_length(p: float, available: int, fed: int, produced: float, step_ms, draft_ms: float = 0.0) -> int:
     """Draft tokens worth verifying for one slot: the k that most raises the step's tokens per ms.
 
     `fed`: tokens the step decodes already; `produced`: the new tokens it yields (one per generating
     slot, plus what other slots' drafts are expected to add); `step_ms(n)`: a decode's cost of n
-    tokens (engine/decode_cost.py). 0 when no length beats the step without this slot's drafts: the
-    drafts then cost more than the steps they are expected to save.
+    tokens (engine/decode_cost.py); `draft_ms`: what making one draft token costs (a draft model's
+    decode step; 0 for prompt lookup). 0 when no length beats the step without this slot's drafts:
+    the drafts then cost more than the steps they are expected to save.
     """
-    best_k, best = 0, produced / max(step_ms(fed), 1e-9)
+    base = step_ms(fed)
+    best_k, best = 0, produced / max(base, 1e-9)
     for k in range(1, available + 1):
-        rate = (produced + expected_accepted(p, k)) / max(step_ms(fed + k), 1e-9)
+        rate = (produced + expected_accepted(p, k)) / max(step_ms(fed + k) + draft_ms * k, 1e-9)
         if rate > best:
             best_k, best = k, rate
     return best_k
@@ -87,9 +90,10 @@ class Acceptance:
     not depend on drafts), so a slot learns whether drafting would pay without paying for the rows.
     """
 
-    def __init__(self) -> None:
-        self.hits = PRIOR * PRIOR_WEIGHT
-        self.misses = (1.0 - PRIOR) * PRIOR_WEIGHT
+    def __init__(self, prior: float = PRIOR) -> None:
+        self.hits = prior * PRIOR_WEIGHT
+        self.misses = (1.0 - prior) * PRIOR_WEIGHT
+        self.updates = 0  # drafts verified (or unsent ones scored)
         self.shadow: tuple[int, list[int]] | None = None  # (output index of its first token, tokens)
         self.wait = 0  # steps before the next unsent draft is proposed
         self.backoff = 1
@@ -101,6 +105,7 @@ class Acceptance:
     def update(self, proposed: int, accepted: int) -> None:
         if proposed <= 0:
             return
+        self.updates += 1
         self.hits += accepted
         self.misses += 1.0 if accepted < proposed else 0.0
         total = self.hits + self.misses

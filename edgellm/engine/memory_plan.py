@@ -119,10 +119,22 @@ class MemoryPlan:
     # The embedding context (engine/embedder.py, made on the first /v1/embeddings request) and a dedicated
     # embedding model's weights: see embedding_bytes().
     embedding_bytes: int = 0
+    # A draft model (engine/draft_model.py): its weights and compute buffers (draft_bytes), and its own KV
+    # cache, one stream per slot of the target's slot size (draft_kv_bytes): see draft_bytes().
+    draft_bytes: int = 0
+    draft_kv_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes + self.embedding_bytes
+        return (
+            self.weights_bytes
+            + self.kv_bytes
+            + self.compute_bytes
+            + self.overhead_bytes
+            + self.embedding_bytes
+            + self.draft_bytes
+            + self.draft_kv_bytes
+        )
 
     @property
     def fits(self) -> bool:
@@ -130,8 +142,8 @@ class MemoryPlan:
 
     @property
     def base_bytes(self) -> int:
-        """Everything but the KV cache: what the model costs before any context."""
-        return self.weights_bytes + self.compute_bytes + self.overhead_bytes + self.embedding_bytes
+        """Everything but the KV caches: what the model costs before any context."""
+        return self.weights_bytes + self.compute_bytes + self.overhead_bytes + self.embedding_bytes + self.draft_bytes
 
     @property
     def slot_ctx(self) -> int:
@@ -151,6 +163,7 @@ class MemoryPlan:
                     if self.embedding_bytes
                     else ""
                 )
+                + (f"the draft model ({_size(self.draft_bytes)}), " if self.draft_bytes else "")
                 + f"and the runtime reserve ({_size(self.overhead_bytes)}) need "
                 f"{_size(self.base_bytes)} before any context, but {budget}; use a smaller model or quant, "
                 "or raise memory_budget"
@@ -164,8 +177,10 @@ class MemoryPlan:
             if self.auto_ctx
             else f"n_ctx={self.n_ctx} over {self.n_slots} slot(s)"
         )
+        draft_kv = f" (and {_size(self.draft_kv_bytes)} for the draft model's)" if self.draft_kv_bytes else ""
         return (
-            f"{what} needs {_size(self.kv_bytes)} of {self.kv_type} KV cache on top of {_size(self.base_bytes)} "
+            f"{what} needs {_size(self.kv_bytes)} of {self.kv_type} KV cache{draft_kv} on top of "
+            f"{_size(self.base_bytes)} "
             f"for weights, compute buffers and runtime: {_size(self.total_bytes)} in all, but {budget}; "
             + ", ".join(fixes)
         )
@@ -178,6 +193,7 @@ class MemoryPlan:
             "compute": self.compute_bytes,
             "overhead": self.overhead_bytes,
             "embedding": self.embedding_bytes,
+            "draft": self.draft_bytes + self.draft_kv_bytes,
             "total": self.total_bytes,
             "budget": self.budget_bytes,
         }
@@ -210,6 +226,14 @@ def embedding_bytes(shape: ModelShape, embedding_ctx: int, dedicated: ModelShape
     return weights + kv + compute_bytes(model, embedding_ctx, 1, cells, flash_attn=False)
 
 
+def draft_bytes(draft: ModelShape, n_ctx: int, n_slots: int, n_batch: int) -> tuple[int, int]:
+    """What a draft model costs: (its weights and compute buffers, its KV cache). Its context mirrors the
+    target's (n_slots f16 streams of n_ctx // n_slots cells, n_batch tokens a batch, flash attention auto)."""
+    cells = kv_cells(n_ctx, n_slots)
+    kv = math.ceil(cells * kv_bytes_per_token(draft, "f16"))
+    return draft.file_bytes + compute_bytes(draft, n_batch, n_slots, n_ctx), kv
+
+
 def plan_memory(
     shape: ModelShape,
     *,
@@ -224,6 +248,7 @@ def plan_memory(
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     embedding_ctx: int = 0,
     embedding_model: ModelShape | None = None,
+    draft_model: ModelShape | None = None,
 ) -> MemoryPlan:
     """The context and slot count to run with, and what they cost. Never raises for a plan that does not
     fit: the caller reads `fits` and refuses to start with `refusal()`.
@@ -247,6 +272,7 @@ def plan_memory(
 
     def make(slots: int, ctx: int, auto_ctx: bool) -> MemoryPlan:
         cells = kv_cells(ctx, slots)
+        draft, draft_kv = draft_bytes(draft_model, ctx, slots, n_batch) if draft_model is not None else (0, 0)
         return MemoryPlan(
             weights_bytes=shape.file_bytes,
             kv_bytes=math.ceil(cells * kv_bytes_per_token(shape, kv_type)),
@@ -261,6 +287,8 @@ def plan_memory(
             flash_attn=flash_attn,
             auto_ctx=auto_ctx,
             embedding_bytes=embedding,
+            draft_bytes=draft,
+            draft_kv_bytes=draft_kv,
         )
 
     slot_cap = max(CELL_ALIGN, _round_down(min(shape.n_ctx_train, max_slot_ctx), CELL_ALIGN))
@@ -348,6 +376,7 @@ def format_plan(plan: MemoryPlan, shape: ModelShape | None = None) -> str:
         (f"compute buffers (n_batch {plan.n_batch})", plan.compute_bytes),
         ("runtime reserve", plan.overhead_bytes),
         ("embeddings (context, dedicated model)", plan.embedding_bytes),
+        ("draft model (weights, buffers, KV)", plan.draft_bytes + plan.draft_kv_bytes),
         ("total", plan.total_bytes),
         ("budget", plan.budget_bytes),
     ]

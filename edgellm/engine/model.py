@@ -464,6 +464,33 @@ class LlamaModel(Vocabulary):
         """Threads for the next decodes (generation and prompt batches alike)."""
         L.llama_set_n_threads(self.ctx, n, n)
 
+    def save_sequence(self, seq_id: int, path: str, tokens: list[int]) -> int:
+        """Write sequence `seq_id`'s KV state and `tokens` (what it holds, positions 0..n-1) to `path`
+        (llama.cpp's sequence state file); the bytes written, 0 when llama.cpp could not write it."""
+        arr = (L.llama_token * max(1, len(tokens)))(*tokens)
+        return int(L.llama_state_seq_save_file(self.ctx, os.fsencode(path), seq_id, arr, len(tokens)))
+
+    def load_sequence(self, seq_id: int, path: str, max_tokens: int) -> list[int] | None:
+        """Replace sequence `seq_id`'s KV with the state in `path` (saved by save_sequence); the tokens
+        stored with it, or None when llama.cpp refused the file (unreadable, foreign, more than
+        `max_tokens` tokens): the sequence is left empty then."""
+        L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        arr = (L.llama_token * max(1, max_tokens))()
+        count = ctypes.c_size_t(0)
+        read = L.llama_state_seq_load_file(self.ctx, os.fsencode(path), seq_id, arr, max_tokens, ctypes.byref(count))
+        n = count.value
+        # The KV must hold exactly the stored tokens' positions, 0..n-1 (a file saved with other tokens
+        # than its sequence held, or made for another context layout, fails this).
+        span = (L.llama_memory_seq_pos_min(self.memory, seq_id), L.llama_memory_seq_pos_max(self.memory, seq_id))
+        if read == 0 or n == 0 or n > max_tokens or span != (0, n - 1):
+            L.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            return None
+        return list(arr[:n])
+
+    def sequence_state_size(self, seq_id: int) -> int:
+        """The bytes sequence `seq_id`'s KV state takes in a state file (the tokens stored with it apart)."""
+        return int(L.llama_state_seq_get_size(self.ctx, seq_id))
+
     def close(self) -> None:
         if getattr(self, "batch", None) is not None:
             L.llama_batch_free(self.batch)

@@ -18,7 +18,8 @@ import numpy as np
 
 from edgellm.engine.cpu_share import ThreadGovernor
 from edgellm.engine.decode_cost import DecodeCost
-from edgellm.engine.draft import MAX_DRAFT, best_length, expected_accepted, propose
+from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_length, expected_accepted, propose
+from edgellm.engine.draft_model import DraftAsk, DraftModel
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.projector import MediaCollector, Projector
@@ -44,8 +45,13 @@ class Scheduler:
         max_waiting: int = 64,
         projector: Projector | None = None,
         projector_error: str | None = None,
+        draft_model: DraftModel | None = None,
     ):
         self.model = model
+        # Drafts from a small model with the target's vocabulary (engine/draft_model.py) instead of prompt
+        # lookup; the scheduler closes it with itself.
+        self.draft_model = draft_model
+        self.draft_acceptance = Acceptance()  # the draft model's, pooled over requests: a new one starts there
         self.projector = projector  # images/audio in prompts; None: text only
         self.projector_error = projector_error  # why a configured projector is not in use
         self.slots = [Slot(i) for i in range(model.n_slots)]
@@ -60,7 +66,7 @@ class Scheduler:
         self.groups: list[SampleGroup] = []  # n > 1 requests with samples still to finish
         self.stats = StepStats()
         self.token_step = TokenStep(model, self.guides, self.stats, model.n_slots)
-        self.threads = ThreadGovernor(model.n_threads, model.set_threads)
+        self.threads = ThreadGovernor(model.n_threads, self._set_threads)
         self.threads.enabled &= model.config.adaptive_threads
         self._adapter: tuple[str, float] | None = None  # the LoRA adapter applied to the context now
         self._adapters = None  # lora.AdapterCache, created by the first request that names an adapter
@@ -68,6 +74,11 @@ class Scheduler:
         self.decode_cost = DecodeCost()  # what verifying drafts costs here (probed at start, then observed)
         # False: every proposal is sent, whatever it costs (tools/bench_speculative.py compares the two).
         self.adaptive_drafts = True
+
+    def _set_threads(self, n: int) -> None:
+        self.model.set_threads(n)
+        if self.draft_model is not None:
+            self.draft_model.set_threads(n)
 
     # -- intake ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> EngineOutput | None:
@@ -296,6 +307,9 @@ class Scheduler:
             )
             candidates.append((slot, room))
         candidates.sort(key=lambda c: -c[0].acceptance.p)
+        if self.draft_model is not None:
+            self._model_drafts(candidates, fed, produced, budget)
+            return
         for slot, room in candidates:
             room = min(room, budget)
             if room <= 0:
@@ -321,6 +335,58 @@ class Scheduler:
             fed += k
             budget -= k
             produced += expected_accepted(accept.p, k)
+
+    def _model_drafts(self, candidates: list[tuple[Slot, int]], fed: int, produced: float, budget: int) -> None:
+        """Drafts from the draft model: each slot's length by the same rule as prompt lookup's, with the
+        draft model's own step cost counted, then one batched proposal for every slot that drafts.
+
+        Unsent drafts cannot be scored for free here (making them is what costs), so a request starts
+        from the pooled acceptance of the requests before it, and its first drafting step always sends
+        a short draft: every request adds evidence, and a draft model that agrees well is found out.
+        """
+        draft_ms = self.draft_model.step_ms()
+        asks: list[DraftAsk] = []
+        for slot, room in candidates:
+            room = min(room, budget)
+            if room <= 0 or any(t < 0 for t in slot.prompt):
+                continue
+            accept = slot.acceptance
+            if accept.updates == 0:
+                accept = slot.acceptance = Acceptance(self.draft_acceptance.p)
+            if not self.adaptive_drafts:
+                k = room
+            else:
+                k = best_length(accept.p, room, fed, produced, self.decode_cost.ms, draft_ms)
+                if k == 0 and accept.updates == 0:
+                    k = min(EXPLORE_DRAFT, room)
+            if k == 0:
+                continue
+            asks.append(
+                DraftAsk(
+                    slot.seq_id,
+                    slot.prompt + slot.generated,
+                    k,
+                    slot.request.sampling,
+                    len(slot.generated),
+                    slot.history,
+                    slot.generated,
+                    len(slot.prompt),
+                )
+            )
+            fed += k
+            budget -= k
+            produced += expected_accepted(accept.p, k)
+        if not asks:
+            return
+        try:
+            drafts = self.draft_model.propose(asks)
+        except EngineError as exc:  # no drafts this step; the output does not depend on them
+            log.warning("draft model failed (%s); this step goes without drafts", exc.message)
+            for ask in asks:
+                self.draft_model.forget(ask.seq_id)
+            return
+        for ask, tokens in zip(asks, drafts, strict=True):
+            self.slots[ask.seq_id].drafts = tokens
 
     def probe_decode_cost(self) -> dict[int, float]:
         """Time decodes of 1..16 tokens (every row with logits, as a step verifying drafts) in slot 0's
@@ -352,6 +418,8 @@ class Scheduler:
         self.stats.drafted_tokens += proposed
         self.stats.accepted_tokens += accepted
         slot.acceptance.update(proposed, accepted)
+        if self.draft_model is not None:
+            self.draft_acceptance.update(proposed, accepted)
         if accepted < proposed:
             slot.n_past -= proposed - accepted
             self.model.trim_sequence(slot.seq_id, slot.n_past)
@@ -504,6 +572,8 @@ class Scheduler:
         if not self.model.trim_sequence(slot.seq_id, reused):
             reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
             slot.cached = []
+        if self.draft_model is not None:
+            self.draft_model.keep_prefix(slot.seq_id, reused)
         request = group.sample_request(index) if group is not None else None
         slot.start(prepared, guide, reused, request=request, group=group, index=index)
         slot.cached_adapter = adapter
@@ -534,6 +604,8 @@ class Scheduler:
             prepared, guide = group.prepared, group.guides[index]
             keep = len(prepared.prompt) - 1
             slot = min(idle, key=lambda s: len(s.cached))  # keep the most valuable prefix caches
+            if self.draft_model is not None:
+                self.draft_model.forget(slot.seq_id)
             if source is not None and self.model.copy_sequence(source.seq_id, slot.seq_id, source.prompt_end - 1):
                 slot.start(
                     prepared,
@@ -658,6 +730,9 @@ class Scheduler:
         if self._adapters is not None:
             self._adapters.close()
             self._adapters = None
+        if self.draft_model is not None:
+            self.draft_model.close()
+            self.draft_model = None
 
 
 def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:

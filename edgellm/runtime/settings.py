@@ -109,11 +109,19 @@ class Settings(BaseSettings):
     # Prompt-lookup speculative decoding (engine/draft.py): same output, fewer decode steps when the
     # output copies from the input. A request can opt out with disable_spec_decode.
     speculative_decoding: bool = True
+    # Draft-model speculation (engine/draft_model.py): a small GGUF with model_path's vocabulary (same
+    # tokenizer: e.g. a smaller model of the same family) drafts instead of prompt lookup; the output
+    # stays the same. In the memory plan. Needs speculative_decoding.
+    draft_model_path: str | None = None
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
     response_format: ResponseMode = ResponseMode.WRAPPED
     state_dir: str = Field(default_factory=default_state_dir)
+    # Prefix KV states that survive a restart (engine/prefix_store.py), in <state_dir>/prefix-cache, at most
+    # prefix_cache_mb MiB of files (least recently used evicted first).
+    prefix_cache: bool = True
+    prefix_cache_mb: int = Field(512, ge=1, le=1_048_576)
     request_timeout: float = Field(600.0, gt=0, description="default per-request timeout (s)")
     max_request_timeout: float = Field(3600.0, gt=0)
     request_ttl: float = Field(7200.0, gt=0, description="seconds a finished request stays queryable")
@@ -250,6 +258,7 @@ class Settings(BaseSettings):
             flash_attn=self.flash_attn,
             embedding_ctx=self.embedding_ctx,
             embedding_model=self._embedding_shape(),
+            draft_model=self._draft_shape(),
         )
         if not plan.fits:
             raise SettingsError(f"the model does not fit the memory budget: {plan.refusal()}")
@@ -268,6 +277,20 @@ class Settings(BaseSettings):
         except (OSError, ValueError, struct.error) as exc:
             raise SettingsError(f"embedding_model_path: the GGUF metadata of {path} is unreadable: {exc}") from None
 
+    def _draft_shape(self) -> ModelShape | None:
+        path = self.resolved_draft_model_path()
+        if path is None or not self.speculative_decoding:
+            return None
+        try:
+            return ModelShape.from_gguf(path)
+        except (OSError, ValueError, struct.error) as exc:
+            raise SettingsError(f"draft_model_path: the GGUF metadata of {path} is unreadable: {exc}") from None
+
+    def resolved_draft_model_path(self) -> str | None:
+        if self.draft_model_path and not os.path.isfile(self.draft_model_path):
+            raise SettingsError(f"draft model file not found: {self.draft_model_path}")
+        return self.draft_model_path or None
+
     def resolved_embedding_model_path(self) -> str | None:
         if self.embedding_model_path and not os.path.isfile(self.embedding_model_path):
             raise SettingsError(f"embedding model file not found: {self.embedding_model_path}")
@@ -280,6 +303,7 @@ class Settings(BaseSettings):
             ("model", self.resolved_model_path()),
             ("mmproj", self.resolved_mmproj_path()),
             ("embedding model", self.resolved_embedding_model_path()),
+            ("draft model", self.resolved_draft_model_path()),
         )
         for what, path in files:
             if path is not None:
@@ -303,9 +327,12 @@ class Settings(BaseSettings):
             kv_cache_type=self.kv_cache_type,
             adaptive_threads=self.thread_policy == "adaptive",
             speculative=self.speculative_decoding,
+            draft_model_path=self.resolved_draft_model_path() if self.speculative_decoding else None,
             mmproj_path=self.resolved_mmproj_path(),
             embedding_model_path=self.resolved_embedding_model_path(),
             embedding_ctx=self.embedding_ctx,
+            prefix_cache_dir=os.path.join(self.state_dir, "prefix-cache") if self.prefix_cache else None,
+            prefix_cache_bytes=self.prefix_cache_mb * 1024 * 1024,
         )
 
     def memory_report(self) -> dict[str, Any] | None:
