@@ -1,9 +1,17 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from edgellm.runtime.settings import bundled_model_path
 from tests.nodeproc import NodeProcess, stop_all
+
+# Runs that take the default state folder (`edgellm infer`, batch-run --local) keep their files, the
+# persistent prefix cache among them, in a folder of this test session, never in the user's ~/.local/state:
+# one test's saved prefixes must not reach another test, or the next CI run.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="edgellm-tests-state-")
 
 
 @pytest.fixture(scope="session")

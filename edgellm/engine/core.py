@@ -221,7 +221,10 @@ class EngineCore:
         return EngineStats(
             EngineLoad(**self.scheduler.load()),
             dataclasses.replace(
-                steps, finished=dict(steps.finished), decode_cost_ms=self.scheduler.decode_cost.table()
+                steps,
+                finished=dict(steps.finished),
+                decode_cost_ms=self.scheduler.decode_cost.table(),
+                prefix_cache=store.stats() if (store := self.scheduler.prefix_store) is not None else {},
             ),
         )
 

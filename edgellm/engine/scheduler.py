@@ -22,6 +22,7 @@ from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_leng
 from edgellm.engine.draft_model import DraftAsk, DraftModel
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel, raw_prompt_text
+from edgellm.engine.prefix_store import PrefixStore
 from edgellm.engine.projector import MediaCollector, Projector
 from edgellm.engine.samples import SampleGroup
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
@@ -71,6 +72,7 @@ class Scheduler:
         self._adapter: tuple[str, float] | None = None  # the LoRA adapter applied to the context now
         self._adapters = None  # lora.AdapterCache, created by the first request that names an adapter
         self.tasks = Tasks(model, self._preparer)  # requests that take no slot: embeddings, tokenizer, template
+        self.prefix_store = PrefixStore.for_model(model)  # None when prefix_cache_dir is unset
         self.decode_cost = DecodeCost()  # what verifying drafts costs here (probed at start, then observed)
         # False: every proposal is sent, whatever it costs (tools/bench_speculative.py compares the two).
         self.adaptive_drafts = True
@@ -566,12 +568,25 @@ class Scheduler:
             ((s.common_prefix(prompt) if lookup and s.cached_adapter == adapter else 0, s) for s in idle),
             key=lambda pair: pair[0],
         )
+        # A prefix saved on disk (engine/prefix_store.py) that covers more: restored into the idle slot
+        # whose cache is worth least; never under a LoRA adapter (the files hold the base model's KV).
+        store = self.prefix_store if lookup and adapter is None else None
+        entry = store.better_than(shared, prompt) if store is not None else None
+        if entry is not None:
+            slot = min(idle, key=lambda s: len(s.cached))
+            shared = store.restore(self.model, slot.seq_id, entry, prompt)
+            slot.cached = list(prompt[:shared])
+            self.stats.restored_tokens += shared
         reused = min(shared, len(prompt) - 1)
         # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
         reused = next((m.start for m in prepared.media if m.start < reused < m.end), reused)
         if not self.model.trim_sequence(slot.seq_id, reused):
             reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
             slot.cached = []
+        if store is not None and entry is None and reused >= store.min_tokens:
+            # A second request shares this much of a slot's cached prompt: a system prompt or preamble
+            # that repeats. Kept on disk (the KV holds exactly prompt[:reused] now) for after a restart.
+            store.save(self.model, slot.seq_id, prompt[:reused])
         if self.draft_model is not None:
             self.draft_model.keep_prefix(slot.seq_id, reused)
         request = group.sample_request(index) if group is not None else None

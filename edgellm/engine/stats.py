@@ -14,6 +14,7 @@ class StepStats:
     sample_s: float = 0.0
     prompt_tokens: int = 0  # prompt tokens decoded
     reused_tokens: int = 0  # prompt tokens skipped thanks to a cached prefix
+    restored_tokens: int = 0  # of those, loaded from the prefix files on disk (engine/prefix_store.py)
     shared_prompt_tokens: int = 0  # prompt tokens of n > 1 samples copied from another sample's KV
     generated_tokens: int = 0
     drafted_tokens: int = 0  # speculative draft tokens verified
@@ -24,6 +25,7 @@ class StepStats:
     finished: dict[str, int] = field(default_factory=dict)
     # A decode's estimated ms by tokens decoded (engine/decode_cost.py): what drafts are weighed against.
     decode_cost_ms: dict[str, float] = field(default_factory=dict)
+    prefix_cache: dict[str, object] = field(default_factory=dict)  # PrefixStore.stats(); {} when off
 
     def as_dict(self) -> dict:
         per = max(1, self.steps)
@@ -31,6 +33,7 @@ class StepStats:
             "steps": self.steps,
             "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens,
+            "restored_tokens": self.restored_tokens,
             "shared_prompt_tokens": self.shared_prompt_tokens,
             "generated_tokens": self.generated_tokens,
             "drafted_tokens": self.drafted_tokens,
@@ -43,4 +46,5 @@ class StepStats:
             "sample_ms_per_step": 1000 * self.sample_s / per,
             "finished": dict(self.finished),
             "decode_cost_ms": dict(self.decode_cost_ms),
+            "prefix_cache": dict(self.prefix_cache),
         }
