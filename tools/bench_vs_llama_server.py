@@ -1,0 +1,613 @@
+#!/usr/bin/env python
+"""edgellm vs llama.cpp's own llama-server, side by side, through /v1/chat/completions.
+
+Same model (the bundled SmolLM2-135M unless --model), 2 threads, 8 slots, n_ctx 8192 in total
+(1024 per slot on both: llama-server -np 8 -c 8192 --no-kv-unified splits it as edgellm does),
+128 max tokens, temperature 0.7 (top_p 1, top_k 0, min_p 0 sent explicitly: llama-server's own
+defaults differ). llama-server is built once from the pinned llama-cpp-python's sdist with the
+engine's flags (tools/llama_server_build.sh), or taken from --llama-server PATH.
+
+Both servers are started first (one at a time, the other paused, for the "ready after start"
+time: process start to the first /health 200), then measured in turns A-B-A (edgellm,
+llama-server, edgellm): the idle one is paused (SIGSTOP on its process group, SIGCONT before its
+turn), so the two never share the cores. Each turn runs:
+  plain chat at 1 and 8 concurrent clients: tok/s = completion tokens (usage) / wall time
+  schema-guided JSON (response_format json_schema) at 1 and 8 clients: valid objects per minute
+    (parsed and validated against the schema) and how many were valid
+and samples the RSS of the server's process tree. Then, with both servers stopped,
+`llama-batched-bench -npp 128 -ntg 128 -npl 8` gives the text-generation limit of 8 sequences on
+this machine (S_TG), the ceiling for plain c8.
+
+    .venv/bin/python tools/bench_vs_llama_server.py [--requests 32] [--quick] [--out results.json]
+        [--edgellm-env EDGELLM_SPECULATIVE_DECODING=false] [--llama-server PATH] [--llama-server-arg ARG]
+
+Run it on a quiet machine (on a shared one: flock /tmp/edgellm-cpu.lock ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from edgellm.runtime.child_process import die_with_parent  # noqa: E402
+from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+
+THREADS = 2
+SLOTS = 8
+N_CTX = 8192
+MAX_TOKENS = 128
+TEMPERATURE = 0.7
+READY_TIMEOUT_S = 300.0
+BUILD_SCRIPT = REPO / "tools" / "llama_server_build.sh"
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a bicycle works.",
+    "Describe a busy market in the morning.",
+    "Write a letter to a friend about a trip to the mountains.",
+    "Explain why the sky is blue.",
+    "Describe your ideal weekend.",
+    "Write a poem about autumn leaves.",
+    "Explain how plants make food from sunlight.",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 24},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "city", "active"],
+    "additionalProperties": False,
+}
+
+try:  # the full check when jsonschema is installed, else the keys and their types
+    import jsonschema
+
+    _VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+    def schema_ok(obj: object) -> bool:
+        return _VALIDATOR.is_valid(obj)
+
+except ImportError:  # pragma: no cover - jsonschema is in the dev extras
+    _TYPES = {"string": str, "integer": int, "boolean": bool}
+
+    def schema_ok(obj: object) -> bool:
+        if not isinstance(obj, dict) or set(obj) != set(SCHEMA["required"]):
+            return False
+        for key, spec in SCHEMA["properties"].items():
+            value = obj[key]
+            if not isinstance(value, _TYPES[spec["type"]]):
+                return False
+            if spec["type"] == "integer" and (isinstance(value, bool) or not 0 <= value <= 120):
+                return False
+            if spec["type"] == "string" and len(value) > spec["maxLength"]:
+                return False
+        return True
+
+
+# -- processes ------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and its live descendants (psutil when installed, else /proc's parent pids)."""
+    try:
+        import psutil
+
+        try:
+            p = psutil.Process(root)
+            return [root, *(c.pid for c in p.children(recursive=True))]
+        except psutil.Error:
+            return []
+    except ImportError:
+        pass
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(name))
+    if not os.path.exists(f"/proc/{root}"):
+        return []
+    found, todo = [root], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rss_mb(pids: list[int]) -> float:
+    total_kb = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+                    break
+        except (OSError, ValueError):
+            pass
+    return total_kb / 1024
+
+
+class Server:
+    """One server process, leading its own process group (its children are in it)."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, log_path: Path):
+        self.name, self.cmd, self.env, self.port, self.log_path = name, cmd, env, port, log_path
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.ready_s: float | None = None
+        self.model_id: str | None = None
+        self.paused = False
+        self.health: list[dict] = []
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            t0 = time.monotonic()
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+        _LIVE.append(self)
+        self.ready_s = self.wait_healthy(READY_TIMEOUT_S, since=t0)
+        models = httpx.get(self.base + "/v1/models", timeout=30).json()
+        self.model_id = models["data"][0]["id"]
+
+    def wait_healthy(self, timeout: float, since: float | None = None) -> float:
+        start = time.monotonic() if since is None else since
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); log:\n{self.log_tail()}")
+            try:
+                r = httpx.get(self.base + "/health", timeout=2.0)
+                if r.status_code == 200:
+                    return time.monotonic() - start
+                last = f"HTTP {r.status_code}: {r.text[:300]}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not healthy after {timeout:g} s ({last}); log:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def pids(self) -> list[int]:
+        return tree_pids(self.proc.pid) if self.proc else []
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        targets = set(self.pids())
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in targets - {self.proc.pid}:  # a child that left the group still belongs to this server
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+        self.paused = False
+        self.wait_healthy(60)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        self._signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        self.paused = False
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self._signal(signal.SIGKILL)  # whatever is left of the group
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self in _LIVE:
+            _LIVE.remove(self)
+
+
+_LIVE: list[Server] = []
+ABORT = threading.Event()  # set on Ctrl-C/SIGTERM: the load's clients send nothing more
+
+
+def stop_all() -> None:
+    # After an interrupt a server may still be busy with requests nobody waits for: a short grace, then
+    # SIGKILL.
+    grace_s = 5.0 if ABORT.is_set() else 30.0
+    for server in list(_LIVE):
+        t0 = time.monotonic()
+        try:
+            server.stop(grace_s)
+            if ABORT.is_set():
+                print(f"{server.name} stopped in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - keep stopping the others
+            print(f"stopping {server.name}: {exc}", file=sys.stderr)
+
+
+def on_signal(signum: int, _frame: object) -> None:
+    ABORT.set()
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# -- load -----------------------------------------------------------------------------------------
+def request_body(model: str, i: int, schema: bool, max_tokens: int) -> dict:
+    if schema:
+        content = f"Create a fictional person, number {i}, as a JSON object with name, age, city and active."
+    else:
+        content = PROMPTS[i % len(PROMPTS)]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": TEMPERATURE,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "seed": 1000 + i,
+    }
+    if schema:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    return body
+
+
+def run_load(server: Server, schema: bool, clients: int, n: int, max_tokens: int) -> dict:
+    tokens, valid, failed, invalid = [0], [0], [0], [0]
+    errors: list[str] = []
+    lock = threading.Lock()
+    rss: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            rss.append(rss_mb(server.pids()))
+
+    def client(k: int) -> None:
+        with httpx.Client(base_url=server.base, timeout=600) as http:
+            for i in range(k, n, clients):
+                if ABORT.is_set():
+                    return
+                try:
+                    r = http.post("/v1/chat/completions", json=request_body(server.model_id, i, schema, max_tokens))
+                except httpx.HTTPError as exc:
+                    with lock:
+                        failed[0] += 1
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                with lock:
+                    if r.status_code != 200:
+                        failed[0] += 1
+                        errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
+                        continue
+                    out = r.json()
+                    tokens[0] += int(out.get("usage", {}).get("completion_tokens", 0))
+                    if schema:
+                        try:
+                            ok = schema_ok(json.loads(out["choices"][0]["message"]["content"] or ""))
+                        except (ValueError, KeyError, IndexError, TypeError):
+                            ok = False
+                        valid[0] += ok
+                        invalid[0] += not ok
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    # Daemon threads, not a pool: on Ctrl-C the main thread goes on to stop the servers at once (the
+    # clients' requests then fail and they end) instead of waiting for the whole load first.
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:
+        ABORT.set()
+        raise
+    finally:
+        stop.set()
+    wall = time.perf_counter() - t0
+    sampler.join()
+    rss.append(rss_mb(server.pids()))
+    res = {
+        "clients": clients,
+        "requests": n,
+        "wall_s": wall,
+        "completion_tokens": tokens[0],
+        "tok_s": tokens[0] / wall,
+        "failed": failed[0],
+        "rss_mb_peak": max(rss),
+        "errors": errors[:3],
+    }
+    if schema:
+        res.update(valid=valid[0], invalid=invalid[0], valid_per_min=valid[0] / wall * 60)
+    return res
+
+
+def warm_up(server: Server) -> None:
+    body = request_body(server.model_id, 0, False, 8)
+    httpx.post(server.base + "/v1/chat/completions", json=body, timeout=120).raise_for_status()
+
+
+def run_turn(server: Server, n_c1: int, n_c8: int, max_tokens: int) -> dict:
+    server.resume()
+    warm_up(server)
+    turn = {}
+    for schema in (False, True):
+        for clients, n in ((1, n_c1), (SLOTS, n_c8)):
+            key = f"{'schema' if schema else 'plain'}_c{clients}"
+            turn[key] = r = run_load(server, schema, clients, n, max_tokens)
+            extra = f", {r['valid']}/{n} valid, {r['valid_per_min']:.1f}/min" if schema else ""
+            print(
+                f"  {server.name:12s} {key:9s}: {r['tok_s']:6.1f} tok/s{extra}, {r['failed']} failed, "
+                f"{r['wall_s']:.1f} s, RSS {r['rss_mb_peak']:.0f} MB",
+                flush=True,
+            )
+            for e in r["errors"]:
+                print(f"    error: {e}", flush=True)
+    try:  # edgellm's engine state (restarts, worker pid) after the turn: a pause must not have cost a restart
+        server.health.append(httpx.get(server.base + "/health", timeout=10).json())
+    except (httpx.HTTPError, ValueError) as exc:
+        server.health.append({"error": str(exc)})
+    server.pause()
+    return turn
+
+
+# -- llama.cpp binaries ---------------------------------------------------------------------------
+def llama_binaries(args: argparse.Namespace) -> tuple[Path, Path | None, dict]:
+    if args.llama_server:
+        server = Path(args.llama_server).resolve()
+        bench = Path(args.batched_bench).resolve() if args.batched_bench else server.with_name("llama-batched-bench")
+        return server, bench if bench.exists() else None, {"llama_server": str(server)}
+    t0 = time.monotonic()
+    print(f"llama-server: {BUILD_SCRIPT.name} (builds once, several minutes, niced)", flush=True)
+    out = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True).stdout
+    folder = Path(out.strip().splitlines()[-1])
+    info = {"llama_server": str(folder / "bin" / "llama-server"), "took_s": time.monotonic() - t0}
+    try:
+        info["build"] = json.loads((folder / "build.json").read_text())
+    except (OSError, ValueError):
+        pass
+    bench = folder / "bin" / "llama-batched-bench"
+    return folder / "bin" / "llama-server", bench if bench.exists() else None, info
+
+
+def batched_bench(binary: Path, model: str, npl: int, npp: int, ntg: int) -> dict | None:
+    cmd = [str(binary), "-m", model, "-c", str(N_CTX), "-t", str(THREADS), "-tb", str(THREADS), "-fa", "on"]
+    cmd += ["-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl)]
+    print(f"\n{' '.join(cmd)}", flush=True)
+    p = subprocess.run(
+        cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900, preexec_fn=die_with_parent()
+    )
+    header, rows = None, []
+    for line in (p.stdout + "\n" + p.stderr).splitlines():
+        if not line.strip().startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "S_TG t/s" in cells:
+            header = cells
+        elif header and len(cells) == len(header) and not set("".join(cells)) <= set("-: "):
+            rows.append(dict(zip(header, cells, strict=True)))
+    if not rows:
+        print(f"llama-batched-bench gave no table (exit {p.returncode}):\n{(p.stdout + p.stderr)[-2000:]}")
+        return None
+    row = next((r for r in rows if r.get("B") == str(npl)), rows[-1])
+    print("| " + " | ".join(header) + " |\n| " + " | ".join(row[h] for h in header) + " |", flush=True)
+    return {"cmd": cmd, "row": row, "s_tg": float(row["S_TG t/s"]), "s_pp": float(row["S_PP t/s"])}
+
+
+# -- report ---------------------------------------------------------------------------------------
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def report(results: dict, bench: dict | None) -> str:
+    e_turns, l_turns = results["edgellm"]["turns"], results["llama-server"]["turns"]
+
+    def cell(turns: list[dict], key: str, field: str) -> tuple[float, str]:
+        vals = [t[key][field] for t in turns]
+        m = mean(vals)
+        s = f"{m:.1f}" if len(vals) == 1 else f"{m:.1f} ({' / '.join(f'{v:.1f}' for v in vals)})"
+        if field == "valid_per_min":
+            s += f", {sum(t[key]['valid'] for t in turns)}/{sum(t[key]['requests'] for t in turns)} valid"
+        return m, s
+
+    lines = ["| load | edgellm | llama-server | ratio |", "|---|---|---|---|"]
+    for label, key, field in (
+        ("plain c1 tok/s", "plain_c1", "tok_s"),
+        (f"plain c{SLOTS} tok/s", f"plain_c{SLOTS}", "tok_s"),
+        ("schema valid objects/min c1", "schema_c1", "valid_per_min"),
+        (f"schema valid objects/min c{SLOTS}", f"schema_c{SLOTS}", "valid_per_min"),
+    ):
+        em, es = cell(e_turns, key, field)
+        lm, ls = cell(l_turns, key, field)
+        lines.append(f"| {label} | {es} | {ls} | {em / lm if lm else float('nan'):.2f}x |")
+    er, lr = results["edgellm"]["ready_s"], results["llama-server"]["ready_s"]
+    lines.append(f"| ready after start (s) | {er:.1f} | {lr:.1f} | {er / lr:.2f}x |")
+    erss = max(r["rss_mb_peak"] for t in e_turns for r in t.values())
+    lrss = max(r["rss_mb_peak"] for t in l_turns for r in t.values())
+    lines.append(f"| RSS under load (MB, process tree, peak) | {erss:.0f} | {lrss:.0f} | {erss / lrss:.2f}x |")
+    failed = {
+        name: sum(r["failed"] for t in results[name]["turns"] for r in t.values())
+        for name in ("edgellm", "llama-server")
+    }
+    out = "\n".join(lines)
+    out += (
+        "\n\nedgellm: mean of its two turns (each in parentheses); ratio = edgellm / llama-server. "
+        f"Failed requests: edgellm {failed['edgellm']}, llama-server {failed['llama-server']}."
+    )
+    if bench:
+        e8 = mean([t[f"plain_c{SLOTS}"]["tok_s"] for t in e_turns])
+        l8 = mean([t[f"plain_c{SLOTS}"]["tok_s"] for t in l_turns])
+        out += (
+            f"\nllama-batched-bench TG at {SLOTS} sequences ({' '.join(bench['cmd'][-6:])}): "
+            f"S_TG {bench['s_tg']:.1f} tok/s (S_PP {bench['s_pp']:.1f}); "
+            f"edgellm c{SLOTS} / TG = {e8 / bench['s_tg']:.2f}, llama-server c{SLOTS} / TG = {l8 / bench['s_tg']:.2f}"
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=32, help="requests per c8 load (c1 loads: half)")
+    ap.add_argument("--quick", action="store_true", help="a smoke test: 8 requests at c8, 2 at c1")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    ap.add_argument("--model", default=None, help="GGUF (default: the bundled SmolLM2-135M)")
+    ap.add_argument("--llama-server", default=None, help="a llama-server binary (default: build it)")
+    ap.add_argument("--batched-bench", default=None, help="llama-batched-bench (default: next to llama-server)")
+    ap.add_argument("--llama-server-arg", action="append", default=[], help="extra llama-server argument")
+    ap.add_argument(
+        "--edgellm-env",
+        action="append",
+        default=[],
+        metavar="KEY=VAL",
+        help="extra environment for edgellm serve (e.g. EDGELLM_SPECULATIVE_DECODING=false)",
+    )
+    ap.add_argument("--no-batched-bench", action="store_true")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    n_c8 = 8 if args.quick else args.requests
+    n_c1 = 2 if args.quick else max(1, args.requests // 2)
+    model = str(Path(args.model or bundled_model_path() or "").resolve())
+    if not Path(model).is_file():
+        ap.error(f"no model at {model!r}")
+    extra_env = {}
+    for kv in args.edgellm_env:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            ap.error(f"--edgellm-env wants KEY=VAL, got {kv!r}")
+        extra_env[key] = value
+
+    # SIGINT too: a run started in the background (nohup, `cmd &`) inherits it ignored.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    atexit.register(stop_all)
+
+    server_bin, bench_bin, build_info = llama_binaries(args)
+    print(
+        f"model {Path(model).name}; {THREADS} threads, {SLOTS} slots, n_ctx {N_CTX}; {args.max_tokens} max tokens, "
+        f"temperature {TEMPERATURE}; {n_c1} requests at c1, {n_c8} at c{SLOTS}; turns edgellm, llama-server, edgellm",
+        flush=True,
+    )
+    results: dict = {
+        "model": model,
+        "threads": THREADS,
+        "slots": SLOTS,
+        "n_ctx": N_CTX,
+        "max_tokens": args.max_tokens,
+        "temperature": TEMPERATURE,
+        "requests": {"c1": n_c1, f"c{SLOTS}": n_c8},
+        "edgellm_env": extra_env,
+        "llama_server_build": build_info,
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-vs-llama-server-") as tmp:
+        tmpdir = Path(tmp)
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGELLM_", "LLAMA_ARG_"))}
+        base_env.pop("INFERENCE_API_TOKEN", None)
+        e_port, l_port = free_port(), free_port()
+        e_env = {
+            **base_env,
+            "EDGELLM_MODEL_PATH": model,
+            "EDGELLM_N_THREADS": str(THREADS),
+            "EDGELLM_N_SLOTS": str(SLOTS),
+            "EDGELLM_N_CTX": str(N_CTX),
+            **extra_env,
+        }
+        edgellm_bin = REPO / ".venv" / "bin" / "edgellm"
+        e_cmd = [str(edgellm_bin)] if edgellm_bin.exists() else [sys.executable, "-m", "edgellm"]
+        e_cmd += ["serve", "--host", "127.0.0.1", "--port", str(e_port), "--state-dir", str(tmpdir / "state")]
+        e_cmd += ["--log-level", "warning"]
+        l_cmd = [str(server_bin), "-m", model, "--host", "127.0.0.1", "--port", str(l_port)]
+        l_cmd += ["-t", str(THREADS), "-tb", str(THREADS), "-np", str(SLOTS), "-c", str(N_CTX)]
+        l_cmd += ["--no-kv-unified", "-fa", "on", "--no-webui", *args.llama_server_arg]
+        results["commands"] = {"edgellm": e_cmd, "llama-server": l_cmd}
+        edgellm = Server("edgellm", e_cmd, e_env, e_port, tmpdir / "edgellm.log")
+        llama = Server("llama-server", l_cmd, base_env, l_port, tmpdir / "llama-server.log")
+        try:
+            for server in (edgellm, llama):  # started one at a time, the other paused
+                server.start()
+                print(f"{server.name} ready {server.ready_s:.2f} s after start ({server.base})", flush=True)
+                server.pause()
+            turns: dict[str, list[dict]] = {"edgellm": [], "llama-server": []}
+            for k, server in enumerate((edgellm, llama, edgellm), 1):
+                print(f"turn {k}: {server.name}", flush=True)
+                turns[server.name].append(run_turn(server, n_c1, n_c8, args.max_tokens))
+            workers = {h.get("result", {}).get("engine", {}).get("worker_pid") for h in edgellm.health}
+            if len(workers) > 1:
+                print(f"note: edgellm's engine worker changed between turns ({sorted(map(str, workers))})")
+            for server in (edgellm, llama):
+                results[server.name] = {"ready_s": server.ready_s, "turns": turns[server.name], "health": server.health}
+        except BaseException:
+            for server in (edgellm, llama):
+                if server.proc is not None and server.proc.poll() is not None:
+                    print(f"--- {server.name} log ---\n{server.log_tail()}", file=sys.stderr)
+            raise
+        finally:
+            stop_all()
+    bench = None
+    if bench_bin and not args.no_batched_bench:
+        bench = batched_bench(bench_bin, model, SLOTS, 128, 128)
+    results["batched_bench"] = bench
+    table = report(results, bench)
+    print("\n" + table, flush=True)
+    results["table"] = table
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1, default=str))
+        print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as exc:
+        stop_all()
+        print(f"\ninterrupted ({exc or 'Ctrl-C'}); both servers stopped", file=sys.stderr)
+        sys.exit(130)
