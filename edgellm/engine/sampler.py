@@ -89,8 +89,11 @@ def _draw(row: np.ndarray, params: SamplingParams, u: float) -> int:
         # changes no draw that matters and keeps the work to a few thousand items.
         # `>=`: past ~1e9 (a tiny temperature) best - 30 == best in float32, and `>` would keep nothing.
         cand = np.flatnonzero(scaled >= best - 30.0)
-    logits = scaled[cand]
-    probs = np.exp(logits - np.max(logits))
+    # In place, and shifted by `best`: the candidates' maximum is the row's (the same values as
+    # np.exp(scaled[cand] - np.max(scaled[cand])), without two more passes and temporaries).
+    probs = scaled[cand]
+    probs -= best
+    np.exp(probs, out=probs)
     probs /= probs.sum()
     if params.min_p > 0.0:
         keep = probs >= params.min_p * probs.max()
@@ -110,9 +113,44 @@ def _top_mass_order(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Indices of the most probable entries, sorted descending, enough to cover `top_p` of the mass.
 
     Sorting the whole candidate set cost ~1.3 ms a row; the nucleus is usually a few dozen tokens,
-    so sort a partition that grows only when it does not yet hold top_p of the mass.
+    so sort a partition that grows only when it does not yet hold top_p of the mass. The k largest
+    are found by value (`_top_sorted`, ~2x cheaper than argpartition over the ~20 000 candidates of a
+    flat row); where ties, or a mass too close to top_p to call, could make that choice differ from
+    argpartition's (its order among equal values), argpartition decides, so the draw never changes.
     """
     k = 64
+    while k < len(probs):
+        order = _top_sorted(probs, k)
+        if order is None:
+            return _top_mass_order_partition(probs, top_p, k)
+        mass = float(probs[order].sum())
+        # Summed in another order than argpartition's, the float32 mass may differ in its last bits.
+        if abs(mass - top_p) <= k * 2.5e-7:
+            return _top_mass_order_partition(probs, top_p, k)
+        if mass >= top_p:
+            return order
+        k *= 4
+    return np.argsort(-probs, kind="stable")
+
+
+def _top_sorted(probs: np.ndarray, k: int) -> np.ndarray | None:
+    """The indices of the k largest of `probs` (k < len), sorted descending; None unless those k values
+    are distinct and above every other one (then any selection gives exactly this order)."""
+    n = len(probs)
+    nxt = np.partition(probs, n - k - 1)[n - k - 1]  # the (k+1)-th largest
+    sub = np.flatnonzero(probs >= nxt)
+    if len(sub) > 4 * (k + 1):  # many equal to it: leave it to argpartition
+        return None
+    vals = probs[sub]
+    o = np.argsort(-vals, kind="stable")
+    top = vals[o[: k + 1]]
+    if not np.all(top[:-1] > top[1:]):
+        return None
+    return sub[o[:k]]
+
+
+def _top_mass_order_partition(probs: np.ndarray, top_p: float, k: int) -> np.ndarray:
+    """`_top_mass_order` by argpartition, from partition size k on (the order ties get there)."""
     while k < len(probs):
         part = np.argpartition(-probs, k - 1)[:k]
         if probs[part].sum() >= top_p:

@@ -18,7 +18,6 @@ import array
 from collections.abc import Callable
 from typing import Literal
 
-import cv2
 import numpy as np
 
 from edgellm.media.errors import MediaError, MediaTooLarge
@@ -62,6 +61,10 @@ def decode_image(
     _check_pixels(*size, limits, param)
     if fmt == "JPEG" and data.count(b"\xff\xda") > _MAX_JPEG_SCANS:
         raise MediaError(f"could not decode the image: the JPEG has more than {_MAX_JPEG_SCANS} scans", param=param)
+    # OpenCV is imported with the first image: it is ~16 MB of RSS in the API process, whose text-only
+    # requests never need it.
+    import cv2
+
     try:
         # IMREAD_COLOR_RGB: 8-bit, 3 channels, RGB order, EXIF orientation applied (not for
         # IMREAD_UNCHANGED). Alpha is dropped, not composited, as llama.cpp's own loader does.
