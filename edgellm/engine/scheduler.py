@@ -462,10 +462,13 @@ class Scheduler:
         row_of = [r - 1 for r in itertools.accumulate(int(w) for w in want)]
         rows: list[np.ndarray | None] = [None] * (row_of[-1] + 1 if row_of else 0)
 
-        def run(idx: list[int]) -> None:
-            idx = [i for i in idx if seqs[i] not in failed]
+        # A stack, not a recursive closure: a closure that calls itself sits in a reference cycle with
+        # `rows`, and every step's logits (~200 KB a row) would wait for the garbage collector.
+        parts = [list(range(len(tokens)))]
+        while parts:
+            idx = [i for i in parts.pop() if seqs[i] not in failed]
             if not idx:
-                return
+                continue
             try:
                 out = self.model.decode(
                     [tokens[i] for i in idx],
@@ -476,19 +479,13 @@ class Scheduler:
             except EngineError as exc:
                 if len(idx) == 1:
                     failed[seqs[idx[0]]] = exc.message
-                    return
+                    continue
                 log.warning("decode of %d tokens failed (%s); retrying in halves", len(idx), exc.message)
-                run(idx[: len(idx) // 2])
-                run(idx[len(idx) // 2 :])
-                return
+                parts += [idx[len(idx) // 2 :], idx[: len(idx) // 2]]  # the first half next, as before
+                continue
             wanted = [i for i in idx if want[i]]
             for k, i in enumerate(wanted):
                 rows[row_of[i]] = out[k]
-
-        run(list(range(len(tokens))))
-        # `run` refers to itself through its closure cell and holds `rows`: without this, every step's
-        # logits (~200 KB a row) would wait in a reference cycle for the garbage collector.
-        del run
         return rows
 
     def _drop_cancelled(self, outputs: list[EngineOutput]) -> None:
