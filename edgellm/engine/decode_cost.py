@@ -10,6 +10,7 @@ machine's load changes. `ms(n)` interpolates between measured sizes.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ DEFAULT_MS = {1: 6.2, 2: 12.8, 4: 17.6, 8: 27.2, 16: 46.4}
 class DecodeCost:
     def __init__(self) -> None:
         self._ms: dict[int, float] = dict(DEFAULT_MS)
+        self._sizes = sorted(self._ms)  # the measured sizes, kept sorted: ms() runs per draft length per step
         self.measured = False
 
     def probe(self, decode: Callable[[int], None]) -> dict[int, float]:
@@ -44,6 +46,7 @@ class DecodeCost:
         for lo, hi in zip(reversed(sizes[:-1]), reversed(sizes[1:]), strict=True):
             found[lo] = min(found[lo], found[hi])
         self._ms = found
+        self._sizes = sorted(found)
         self.measured = True
         return dict(found)
 
@@ -55,24 +58,26 @@ class DecodeCost:
         ms = 1000 * elapsed_s
         old = self._ms.get(n_tokens)
         self._ms[n_tokens] = ms if old is None else (1 - EMA) * old + EMA * ms
+        if old is None:
+            self._sizes = sorted(self._ms)
 
     def ms(self, n: int) -> float:
         """Estimated decode time of n tokens."""
         if n <= 0:
             return 0.0
-        if n in self._ms:
-            return self._ms[n]
-        sizes = sorted(self._ms)
-        below = [s for s in sizes if s < n]
-        above = [s for s in sizes if s > n]
-        if below and above:
-            lo, hi = below[-1], above[0]
-        elif len(below) >= 2:
-            lo, hi = below[-2], below[-1]
-        elif above:
-            return self._ms[above[0]] * n / above[0]  # never below one token's measured cost scaled
+        known = self._ms.get(n)
+        if known is not None:
+            return known
+        sizes = self._sizes
+        i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n < sizes[i]
+        if 0 < i < len(sizes):
+            lo, hi = sizes[i - 1], sizes[i]
+        elif i >= 2:
+            lo, hi = sizes[-2], sizes[-1]  # past the largest: the last slope continues
+        elif i == 0:
+            return self._ms[sizes[0]] * n / sizes[0]
         else:
-            return self._ms[below[-1]] * n / below[-1]
+            return self._ms[sizes[-1]] * n / sizes[-1]
         slope = (self._ms[hi] - self._ms[lo]) / (hi - lo)
         return max(0.0, self._ms[lo] + slope * (n - lo))
 
