@@ -9,6 +9,8 @@ In-process engines on the bundled model, one at a time (2 cores: never two engin
   2. engine B on the same folder (a restart): --runs requests, each on a freshly started engine, so
      each is the first after a restart and restores the file;
   3. engine C on an empty folder: the same, each one the first after a restart with nothing saved.
+Each restarted engine runs its start-up self-test first, as the node's worker does before it takes
+requests (the prefix files found at start are checksummed in the background meanwhile).
 Prints the median TTFT of each and the ratios restored / warm (goal <= 1.5) and cold / warm.
 
     python tools/bench_prefix_cache.py [--runs 5] [--system-tokens 1000]
@@ -76,8 +78,10 @@ def main() -> int:
     restored, cold = [], []
     for i in range(args.runs):  # each request the first after a (re)start
         with OfflineEngine(config(saved)) as engine:
+            engine.core.warm_up()
             restored.append(ttft_ms(engine, f"restored{i}", system, f"Who is told about sensor S-{i}?"))
         with OfflineEngine(config(tempfile.mkdtemp(prefix="edgellm-prefix-cold-"))) as engine:
+            engine.core.warm_up()
             cold.append(ttft_ms(engine, f"cold{i}", system, f"Who is told about sensor S-{i}?"))
     w, r, c = (statistics.median(t for t, _ in xs) for xs in (warm, restored, cold))
     print(f"system prompt: {n_system} tokens; prefix files: {files['entries']} ({files['bytes'] / 2**20:.1f} MiB)")

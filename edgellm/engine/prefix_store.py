@@ -49,6 +49,7 @@ import logging
 import mmap
 import os
 import re
+import threading
 import time
 import zlib
 from collections.abc import Sequence
@@ -141,6 +142,11 @@ def _fingerprint(parts: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_size, st.st_mtime_ns)
+
+
 def _crc32_of(path: str) -> int:
     crc = 0
     with open(path, "rb") as f:
@@ -170,11 +176,33 @@ class PrefixStore:
         self.enabled = True
         self.disabled_reason: str | None = None
         self.counters = {"saves": 0, "restores": 0, "restored_tokens": 0, "evictions": 0, "rejected": 0}
+        # key -> (size, mtime_ns) of a file whose checksum matched its entry: a restore of it skips the
+        # read (~12-50 ms for 1,000 tokens' 23 MiB, most of a restored request's time to first token).
+        # Filled for the files found at start by a background thread, and by save() for new ones.
+        self._verified: dict[str, tuple[int, int]] = {}
         try:
             os.makedirs(self.root, exist_ok=True)
             self._load_index()
         except OSError as exc:
             self._disable(f"cannot use {self.root}: {exc}")
+        if self.enabled and self.entries:
+            found = [(e.key, e.crc32, self.path_of(e)) for e in self.entries.values()]
+            threading.Thread(target=self._verify, args=(found,), name="prefix-verify", daemon=True).start()
+
+    def _verify(self, found: list[tuple[str, int, str]]) -> None:
+        """Checksum the files found at start, off the engine thread (zlib releases the GIL). Only marks
+        the good ones; a bad one is left to restore's own check, which removes it."""
+        try:  # Linux threads have their own nice value: never take a core from the engine's decode
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        for key, crc, path in found:
+            try:
+                before = _identity(path)
+                if _crc32_of(path) == crc and _identity(path) == before:
+                    self._verified[key] = before
+            except OSError:
+                continue
 
     @classmethod
     def for_model(cls, model: LlamaModel, *, min_tokens: int = 256) -> PrefixStore | None:
@@ -285,6 +313,8 @@ class PrefixStore:
             size = os.path.getsize(path)
             if size != entry.size:
                 return f"size {size} is not the indexed {entry.size}"
+            if self._verified.get(entry.key) == _identity(path):
+                return None  # checked since start, and not changed since
             if _crc32_of(path) != entry.crc32:
                 return "checksum mismatch"
         except FileNotFoundError:
@@ -348,7 +378,9 @@ class PrefixStore:
             _unlink(tmp)
             return False
         entry = Entry(key, len(tokens), size, _crc32_of(tmp), time.time())
-        os.replace(tmp, os.path.join(self.root, key + SUFFIX))
+        final = os.path.join(self.root, key + SUFFIX)
+        os.replace(tmp, final)
+        self._verified[key] = _identity(final)
         self.entries[key] = entry
         self.counters["saves"] += 1
         self._evict(keep=key)
@@ -377,6 +409,7 @@ class PrefixStore:
     # -- the folder ------------------------------------------------------------------------------------
     def _remove(self, entry: Entry) -> None:
         self.entries.pop(entry.key, None)
+        self._verified.pop(entry.key, None)
         _unlink(self.path_of(entry))
 
     def _load_index(self) -> None:
