@@ -45,7 +45,11 @@ class EngineCore:
         except BaseException:
             self.model.close()
             raise
-        self.scheduler.probe_decode_cost()  # what a verify row costs here (~0.2 s; engine/decode_cost.py)
+        try:
+            self.scheduler.probe_decode_cost()  # what a verify row costs here (~0.2 s; engine/decode_cost.py)
+        except BaseException:
+            self.close()
+            raise
         self.warmup_ms = 0.0
         self.self_test: dict | None = None
 
@@ -58,28 +62,35 @@ class EngineCore:
             n_threads=self.model.n_threads,
             use_gpu=self.model.offload.device == "gpu",
         )
+        draft_model = None
         try:
             draft_model = self._draft_model()
-        except BaseException:
+            return Scheduler(
+                self.model,
+                max_waiting=self.max_waiting,
+                projector=projector,
+                projector_error=projector_error,
+                draft_model=draft_model,
+            )
+        except BaseException:  # nothing built here outlives a failed start
+            if draft_model is not None:
+                draft_model.close()
             if projector is not None:
                 projector.close()
             raise
-        return Scheduler(
-            self.model,
-            max_waiting=self.max_waiting,
-            projector=projector,
-            projector_error=projector_error,
-            draft_model=draft_model,
-        )
 
     def _draft_model(self) -> DraftModel | None:
         """The configured draft model (engine/draft_model.py); refused at start when its vocabulary is
         not the target's. None where speculation is off or the memory cannot drop rejected drafts."""
         path = self.config.draft_model_path
-        if not path or not self.config.speculative or not self.model.partial_trim:
+        if not path:
+            return None
+        if not self.config.speculative or not self.model.partial_trim:
+            why = "speculation is off" if not self.config.speculative else "the model's memory cannot drop drafts"
+            log.warning("draft model %s not loaded: %s", path, why)
             return None
         model = self.model
-        return DraftModel(
+        draft = DraftModel(
             path,
             model,
             n_slots=model.n_slots,
@@ -88,6 +99,11 @@ class EngineCore:
             n_gpu_layers=self.config.n_gpu_layers,
             n_batch=model.n_batch,
         )
+        if not draft.partial_trim:  # every call would decode the whole context again: never worth it
+            draft.close()
+            log.warning("draft model %s not used: its memory (recurrent or sliding-window) cannot drop drafts", path)
+            return None
+        return draft
 
     def rebuild_scheduler(self) -> None:
         """A fresh scheduler (and projector) on the same model: after a failure left requests that

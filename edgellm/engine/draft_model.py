@@ -189,7 +189,6 @@ class DraftModel(Vocabulary):
         if self.ctx is None:
             raise EngineError("the draft model is closed")
         t0 = time.perf_counter()
-        decodes0 = self.stats.decodes
         self.stats.calls += 1
         out: list[list[int]] = [[] for _ in asks]
         seen: set[int] = set()
@@ -209,6 +208,7 @@ class DraftModel(Vocabulary):
             return out
         try:
             rows = self._catch_up({i: asks[i] for i in live})
+            t_steps, decodes_steps = time.perf_counter(), self.stats.decodes
             k = {i: min(asks[i].k, self.slot_ctx - len(asks[i].context)) for i in live}
             params = {i: dataclasses.replace(asks[i].params, num_logprobs=0) for i in live}
             drafting = list(live)
@@ -238,9 +238,11 @@ class DraftModel(Vocabulary):
         self.stats.drafted_tokens += sum(len(d) for d in out)
         elapsed = time.perf_counter() - t0
         self.stats.propose_s += elapsed
-        steps = max(1, self.stats.decodes - decodes0)
-        ms = 1000 * elapsed / steps
-        self._step_ms = ms if self._step_ms is None else 0.8 * self._step_ms + 0.2 * ms
+        # The price of a draft token is a draft step: the catch-up of a new prompt is a one-off, not counted.
+        steps = self.stats.decodes - decodes_steps
+        if steps > 0:
+            ms = 1000 * (time.perf_counter() - t_steps) / steps
+            self._step_ms = ms if self._step_ms is None else 0.8 * self._step_ms + 0.2 * ms
         return out
 
     def step_ms(self) -> float:

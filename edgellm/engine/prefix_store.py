@@ -185,6 +185,9 @@ class PrefixStore:
             self._load_index()
         except OSError as exc:
             self._disable(f"cannot use {self.root}: {exc}")
+        except Exception as exc:  # a damaged index must never stop the engine from starting
+            self.entries = {}
+            self._disable(f"cannot read the index in {self.root}: {exc!r}")
         if self.enabled and self.entries:
             found = [(e.key, e.crc32, self.path_of(e)) for e in self.entries.values()]
             threading.Thread(target=self._verify, args=(found,), name="prefix-verify", daemon=True).start()
@@ -421,6 +424,8 @@ class PrefixStore:
             if data.get("format") != FORMAT:
                 raise ValueError(f"index format {data.get('format')!r}")
             raw = data["entries"]
+            if not isinstance(raw, list):
+                raise TypeError(f"entries is {type(raw).__name__}, not a list")
         except FileNotFoundError:
             raw = []
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

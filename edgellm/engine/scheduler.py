@@ -269,7 +269,7 @@ class Scheduler:
             except Exception as exc:  # a fault in one slot's sampling/guide ends that request only
                 log.exception("slot %d (request %s) failed while sampling", slot.seq_id, slot.request_id)
                 finish = Finish(FinishReason.ERROR, f"internal error while generating: {exc!r}"[:500], "engine_error")
-                accepted = len(slot.drafts)
+                accepted = 0  # which rows were sampled is unknown: no draft's KV is kept (nor cached)
             self._settle_drafts(slot, accepted)
             if finish is not None:
                 self._emit(outputs, self._finish(slot, finish))
@@ -382,8 +382,9 @@ class Scheduler:
             return
         try:
             drafts = self.draft_model.propose(asks)
-        except EngineError as exc:  # no drafts this step; the output does not depend on them
-            log.warning("draft model failed (%s); this step goes without drafts", exc.message)
+        except Exception as exc:  # no drafts this step (the output does not depend on them), never a failure
+            why = exc.message if isinstance(exc, EngineError) else repr(exc)
+            log.warning("draft model failed (%s); this step goes without drafts", why)
             for ask in asks:
                 self.draft_model.forget(ask.seq_id)
             return
@@ -573,10 +574,15 @@ class Scheduler:
         store = self.prefix_store if lookup and adapter is None else None
         entry = store.better_than(shared, prompt) if store is not None else None
         if entry is not None:
-            slot = min(idle, key=lambda s: len(s.cached))
-            shared = store.restore(self.model, slot.seq_id, entry, prompt)
-            slot.cached = list(prompt[:shared])
-            self.stats.restored_tokens += shared
+            target = min(idle, key=lambda s: len(s.cached))
+            restored = store.restore(self.model, target.seq_id, entry, prompt)
+            target.cached = list(prompt[:restored])
+            if restored:
+                shared, slot = restored, target
+                self.stats.restored_tokens += restored
+            elif target is slot:  # the file was bad, and the best slot's own cache went with the load
+                shared = 0
+            # else: the file was bad; the best slot's cache still serves
         reused = min(shared, len(prompt) - 1)
         # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
         reused = next((m.start for m in prepared.media if m.start < reused < m.end), reused)

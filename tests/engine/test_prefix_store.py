@@ -404,3 +404,13 @@ def test_settings_turn_it_on_under_the_state_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGELLM_PREFIX_CACHE", "false")
     assert load_settings(state_dir=str(tmp_path)).model().prefix_cache_dir is None
     assert ModelConfig(path="x").prefix_cache_dir is None  # a config built directly: off
+
+
+@pytest.mark.parametrize("index", ['{"format": %d, "entries": null}', '{"format": %d, "entries": 7}', "[1, 2]", "{"])
+def test_a_damaged_index_starts_the_store_empty_never_stops_the_engine(tmp_path, index):
+    folder = tmp_path / "fp"
+    folder.mkdir()
+    (folder / ps.INDEX).write_text(index % ps.FORMAT if "%d" in index else index)
+    store = PrefixStore(str(tmp_path), "fp", 1 << 20)
+    assert store.entries == {}
+    assert store.lookup([1, 2, 3]) is None
