@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import llama_cpp as L
 import numpy as np
 
-from edgellm.engine.model import Vocabulary, _ensure_backend, _load_model
+from edgellm.engine.model import Vocabulary, _ensure_backend, _load_model, can_drop_suffix, free_llama
 from edgellm.engine.sampler import apply_penalties, sample_row
 from edgellm.engine.types import SamplingParams
 from edgellm.errors import EngineError
@@ -114,7 +114,7 @@ class DraftModel(Vocabulary):
         except BaseException:
             self.close()
             raise
-        self.partial_trim = _can_drop_suffix(self.model)
+        self.partial_trim = can_drop_suffix(self.model)
         self.n_params = int(L.llama_model_n_params(self.model))
         self.size_bytes = os.path.getsize(path)
         self.cached: dict[int, list[int]] = {}  # seq_id -> the tokens its KV holds, positions 0..n-1
@@ -331,25 +331,6 @@ class DraftModel(Vocabulary):
 
     def close(self) -> None:
         """Free the batch, the context and the model; safe to call more than once."""
-        if getattr(self, "batch", None) is not None:
-            L.llama_batch_free(self.batch)
-            self.batch = None
-        if getattr(self, "ctx", None):
-            L.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            L.llama_model_free(self.model)
-            self.model = None
+        free_llama(self)
         if hasattr(self, "cached"):
             self.cached.clear()
-
-
-def _can_drop_suffix(model: ctypes.c_void_p) -> bool:
-    """Whether a sequence's KV can be cut at a position (not recurrent, not sliding-window attention),
-    as LlamaModel decides it for the target."""
-    for name in ("llama_model_is_recurrent", "llama_model_is_hybrid"):
-        fn = getattr(L, name, None)
-        if fn is not None and fn(model):
-            return False
-    n_swa = getattr(L, "llama_model_n_swa", None)
-    return not (n_swa is not None and n_swa(model) > 0)

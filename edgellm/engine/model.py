@@ -73,6 +73,30 @@ def _load_model(path: str, n_gpu_layers: int) -> ctypes.c_void_p:
     return model
 
 
+def can_drop_suffix(model: ctypes.c_void_p) -> bool:
+    """Whether a sequence's KV can be cut at a position: not recurrent (Mamba, RWKV, hybrids), not
+    sliding-window attention."""
+    for name in ("llama_model_is_recurrent", "llama_model_is_hybrid"):
+        fn = getattr(L, name, None)
+        if fn is not None and fn(model):
+            return False
+    n_swa = getattr(L, "llama_model_n_swa", None)
+    return not (n_swa is not None and n_swa(model) > 0)
+
+
+def free_llama(owner: Any) -> None:
+    """Free `owner`'s llama.cpp `batch`, `ctx` and `model` (whichever it has); safe to call twice."""
+    if getattr(owner, "batch", None) is not None:
+        L.llama_batch_free(owner.batch)
+        owner.batch = None
+    if getattr(owner, "ctx", None):
+        L.llama_free(owner.ctx)
+        owner.ctx = None
+    if getattr(owner, "model", None):
+        L.llama_model_free(owner.model)
+        owner.model = None
+
+
 # How a media part shows in a prompt's text (formatted_complete_request, logs): llama.cpp's marker.
 MEDIA_MARKER = "<__media__>"
 # A media hook: index into the request's media -> the prompt entries that stand for it (negative ids).
@@ -253,12 +277,7 @@ class LlamaModel(Vocabulary):
     def _memory_can_drop_suffix(self) -> bool:
         """Prefix KV reuse keeps positions [0, n) and drops the rest; recurrent state (Mamba, RWKV,
         hybrids) and sliding-window attention cannot do that reliably, so they re-process prompts."""
-        for name in ("llama_model_is_recurrent", "llama_model_is_hybrid"):
-            fn = getattr(L, name, None)
-            if fn is not None and fn(self.model):
-                return False
-        n_swa = getattr(L, "llama_model_n_swa", None)
-        return not (n_swa is not None and n_swa(self.model) > 0)
+        return can_drop_suffix(self.model)
 
     def _new_context(self, config: ModelConfig) -> ctypes.c_void_p:
         cp = L.llama_context_default_params()
@@ -509,12 +528,4 @@ class LlamaModel(Vocabulary):
         return int(L.llama_state_seq_get_size(self.ctx, seq_id))
 
     def close(self) -> None:
-        if getattr(self, "batch", None) is not None:
-            L.llama_batch_free(self.batch)
-            self.batch = None
-        if getattr(self, "ctx", None):
-            L.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            L.llama_model_free(self.model)
-            self.model = None
+        free_llama(self)
