@@ -142,6 +142,8 @@ class Tasks:
         for job in self.embeds:
             if not job.future.done():
                 break  # first come, first served: a later request does not overtake one in preparation
+            if job.future.exception() is not None:
+                continue  # its preparation failed after _drop looked: the next step's _drop answers it
             inputs = job.inputs
             if not job.rows:
                 job.rows = [None] * len(inputs)

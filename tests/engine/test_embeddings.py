@@ -216,3 +216,26 @@ def test_infill_builds_the_fim_prompt(tmp_path, model_path):
         assert outs["f"].error is None and outs["f"].prompt_tokens == expected
     finally:
         core.close()
+
+
+def test_a_job_whose_preparation_fails_after_the_drop_check_is_left_to_the_next_step(engine):
+    # The race CI met: the prepare pool finished a failing job between Tasks._drop and _next_batch. A
+    # hand-made failed future stands in for that timing, which a real run hits only now and then.
+    from concurrent.futures import Future
+
+    from edgellm.engine.tasks import EmbedJob
+    from edgellm.errors import InvalidRequest
+
+    tasks = engine.scheduler.tasks
+    failed: Future = Future()
+    failed.set_exception(InvalidRequest("input[0] is empty", param="input"))
+    job = EmbedJob(embed("late-failure", [""]), failed)
+    tasks.embeds.append(job)
+    try:
+        assert tasks._next_batch([], 512) == []  # skipped, not raised into the step loop
+        outputs: list[EngineOutput] = []
+        tasks._drop(outputs, set())
+        assert [o.request_id for o in outputs] == ["late-failure"] and outputs[0].error
+    finally:
+        if job in tasks.embeds:
+            tasks.embeds.remove(job)
