@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import llama_cpp as L
 import numpy as np
 
-from edgellm.engine.model import Vocabulary, _ensure_backend, _load_model, can_drop_suffix, free_llama
+from edgellm.engine.model import Vocabulary, _ensure_backend, can_drop_suffix, free_llama, load_offloaded, slot_context
 from edgellm.engine.sampler import apply_penalties, sample_row
 from edgellm.engine.types import SamplingParams
 from edgellm.errors import EngineError
@@ -131,18 +131,8 @@ class DraftModel(Vocabulary):
 
     # -- loading -------------------------------------------------------------------------------
     def _load(self, path: str, n_gpu_layers: int) -> ctypes.c_void_p:
-        wanted = n_gpu_layers
-        if wanted < 0:  # auto: every layer when llama.cpp can offload (it clamps to the layer count)
-            wanted = 10_000 if L.llama_supports_gpu_offload() else 0
-        if wanted > 0:
-            try:
-                model = _load_model(path, wanted)
-                self.n_gpu_layers = min(wanted, int(L.llama_model_n_layer(model)) + 1)
-                return model
-            except EngineError as exc:
-                log.warning("draft model: GPU load failed (%s); retried on CPU", exc)
-        self.n_gpu_layers = 0
-        return _load_model(path, 0)
+        model, self.n_gpu_layers, _ = load_offloaded(path, n_gpu_layers)
+        return model
 
     def _check_vocabulary(self, target: Vocabulary) -> None:
         """Drafts are token ids of the target's vocabulary: the same ids must be the same pieces."""
@@ -162,20 +152,13 @@ class DraftModel(Vocabulary):
                 )
 
     def _new_context(self) -> ctypes.c_void_p:
-        cp = L.llama_context_default_params()
-        cp.n_ctx = self.slot_ctx * self.n_slots
-        cp.n_batch = self.n_batch
-        cp.n_ubatch = self.n_batch
-        cp.n_seq_max = self.n_slots
-        cp.n_threads = self.n_threads
-        cp.n_threads_batch = self.n_threads
-        cp.kv_unified = False  # each slot's drafts get their own slot_ctx cells, as in the target
-        if hasattr(cp, "flash_attn_type"):
-            cp.flash_attn_type = -1  # auto
-        ctx = L.llama_init_from_model(self.model, cp)
-        if not ctx:
-            raise EngineError(f"llama.cpp could not create the draft model's context for {self.path} (out of memory?)")
-        return ctx
+        # One KV stream per slot, as in the target: a slot's drafts get its own slot_ctx cells.
+        try:
+            return slot_context(
+                self.model, slot_ctx=self.slot_ctx, n_slots=self.n_slots, n_batch=self.n_batch, n_threads=self.n_threads
+            )
+        except EngineError as exc:
+            raise EngineError(f"draft model {self.path}: {exc.message}") from None
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes (the engine's thread governor)."""

@@ -73,6 +73,61 @@ def _load_model(path: str, n_gpu_layers: int) -> ctypes.c_void_p:
     return model
 
 
+def load_offloaded(
+    path: str, n_gpu_layers: int, *, force_failure: bool = False
+) -> tuple[ctypes.c_void_p, int, str | None]:
+    """(model, layers on the GPU, why it fell back to the CPU or None). n_gpu_layers -1 = auto: every layer
+    when llama.cpp can offload; a GPU load that fails is retried on the CPU."""
+    wanted = n_gpu_layers
+    if wanted < 0:
+        wanted = 10_000 if L.llama_supports_gpu_offload() else 0  # llama.cpp clamps to the layer count
+    if wanted > 0:
+        try:
+            if force_failure:
+                raise EngineError("GPU load failure forced by EDGELLM_FORCE_GPU_FAILURE (test hook)")
+            model = _load_model(path, wanted)
+            return model, min(wanted, int(L.llama_model_n_layer(model)) + 1), None
+        except EngineError as exc:
+            fallback = f"GPU load failed ({exc}); retried on CPU"
+            log.warning("%s: %s", path, fallback)
+    else:
+        fallback = None
+    return _load_model(path, 0), 0, fallback
+
+
+def slot_context(
+    model: ctypes.c_void_p,
+    *,
+    slot_ctx: int,
+    n_slots: int,
+    n_batch: int,
+    n_threads: int,
+    flash_attn: bool = True,
+    kv_cache_type: str = "f16",
+) -> ctypes.c_void_p:
+    """A context of n_slots sequences with slot_ctx cells each (kv_unified off: a slot's cells are its own)."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx = slot_ctx * n_slots
+    cp.n_batch = n_batch
+    cp.n_ubatch = n_batch
+    cp.n_seq_max = n_slots
+    cp.n_threads = n_threads
+    cp.n_threads_batch = n_threads
+    cp.kv_unified = False
+    if hasattr(cp, "flash_attn_type"):
+        cp.flash_attn_type = -1 if flash_attn else 0  # -1 = auto
+    if kv_cache_type != "f16":
+        kv_type = {"q8_0": L.GGML_TYPE_Q8_0, "f32": L.GGML_TYPE_F32}.get(kv_cache_type)
+        if kv_type is None:
+            raise EngineError(f"kv_cache_type must be f16, q8_0 or f32, got {kv_cache_type!r}")
+        cp.type_k = kv_type
+        cp.type_v = kv_type
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise EngineError("llama.cpp could not create a context (out of memory?)")
+    return ctx
+
+
 def can_drop_suffix(model: ctypes.c_void_p) -> bool:
     """Whether a sequence's KV can be cut at a position: not recurrent (Mamba, RWKV, hybrids), not
     sliding-window attention."""
@@ -236,24 +291,9 @@ class LlamaModel(Vocabulary):
 
     # -- loading -------------------------------------------------------------------------------
     def _load(self, config: ModelConfig, force_gpu_failure: bool) -> OffloadInfo:
-        gpu_supported = bool(L.llama_supports_gpu_offload())
-        wanted = config.n_gpu_layers
-        if wanted < 0:
-            wanted = 10_000 if gpu_supported else 0  # llama.cpp clamps to the layer count
-        fallback = None
-        if wanted > 0:
-            try:
-                if force_gpu_failure:
-                    raise EngineError("GPU load failure forced by EDGELLM_FORCE_GPU_FAILURE (test hook)")
-                self.model = _load_model(config.path, wanted)
-            except EngineError as exc:
-                fallback = f"GPU load failed ({exc}); retried on CPU"
-                log.warning("%s", fallback)
-                wanted = 0
-        if wanted == 0:
-            self.model = _load_model(config.path, 0)
+        self.model, on_gpu, fallback = load_offloaded(config.path, config.n_gpu_layers, force_failure=force_gpu_failure)
         n_layers = L.llama_model_n_layer(self.model)
-        return OffloadInfo(gpu_supported, min(wanted, n_layers + 1), n_layers, fallback)
+        return OffloadInfo(bool(L.llama_supports_gpu_offload()), on_gpu, n_layers, fallback)
 
     def _context_or_cpu_fallback(self, config: ModelConfig, force_failure: bool) -> ctypes.c_void_p:
         """The context; when it cannot be made with layers on the GPU (its KV cache and compute buffers
@@ -280,26 +320,15 @@ class LlamaModel(Vocabulary):
         return can_drop_suffix(self.model)
 
     def _new_context(self, config: ModelConfig) -> ctypes.c_void_p:
-        cp = L.llama_context_default_params()
-        cp.n_ctx = self.slot_ctx * config.n_slots
-        cp.n_batch = config.n_batch
-        cp.n_ubatch = config.n_batch
-        cp.n_seq_max = config.n_slots
-        cp.n_threads = self.n_threads
-        cp.n_threads_batch = self.n_threads
-        cp.kv_unified = False  # each slot gets its own slot_ctx cells
-        if hasattr(cp, "flash_attn_type"):
-            cp.flash_attn_type = -1 if config.flash_attn else 0  # -1 = auto
-        if config.kv_cache_type != "f16":
-            kv_type = {"q8_0": L.GGML_TYPE_Q8_0, "f32": L.GGML_TYPE_F32}.get(config.kv_cache_type)
-            if kv_type is None:
-                raise EngineError(f"kv_cache_type must be f16, q8_0 or f32, got {config.kv_cache_type!r}")
-            cp.type_k = kv_type
-            cp.type_v = kv_type
-        ctx = L.llama_init_from_model(self.model, cp)
-        if not ctx:
-            raise EngineError("llama.cpp could not create a context (out of memory?)")
-        return ctx
+        return slot_context(
+            self.model,
+            slot_ctx=self.slot_ctx,
+            n_slots=config.n_slots,
+            n_batch=config.n_batch,
+            n_threads=self.n_threads,
+            flash_attn=config.flash_attn,
+            kv_cache_type=config.kv_cache_type,
+        )
 
     def _chat_formatter(self) -> Jinja2ChatFormatter:
         template = self.meta("tokenizer.chat_template") or CHATML_TEMPLATE

@@ -350,7 +350,7 @@ class Scheduler:
         asks: list[DraftAsk] = []
         for slot, room in candidates:
             room = min(room, budget)
-            if room <= 0 or any(t < 0 for t in slot.prompt):
+            if room <= 0 or slot.media:  # media stand-ins are not tokens the draft model could read
                 continue
             accept = slot.acceptance
             if accept.updates == 0:
@@ -414,7 +414,7 @@ class Scheduler:
             slot.cached = []
 
     def _settle_drafts(self, slot: Slot, accepted: int) -> None:
-        """Cut the KV of the drafts the verification rejected; adapt the slot's draft length."""
+        """Cut the KV of the drafts the verification rejected; add the outcome to the slot's acceptance."""
         proposed = len(slot.drafts)
         if proposed == 0:
             return
