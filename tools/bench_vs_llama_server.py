@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from edgellm.runtime.child_process import die_with_parent  # noqa: E402
 from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from tools.bench import PROMPTS  # noqa: E402  (the same chat prompts as the node benchmark)
 
 THREADS = 2
 SLOTS = 8
@@ -56,16 +57,6 @@ TEMPERATURE = 0.7
 READY_TIMEOUT_S = 300.0
 BUILD_SCRIPT = REPO / "tools" / "llama_server_build.sh"
 
-PROMPTS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a bicycle works.",
-    "Describe a busy market in the morning.",
-    "Write a letter to a friend about a trip to the mountains.",
-    "Explain why the sky is blue.",
-    "Describe your ideal weekend.",
-    "Write a poem about autumn leaves.",
-    "Explain how plants make food from sunlight.",
-]
 SCHEMA = {
     "type": "object",
     "properties": {
