@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import connection as mp_connection
 from typing import Any
 
 from edgellm.api.request_state import Delivery, RequestTable
@@ -61,6 +62,16 @@ def _exit_with_parent(api_pid: int) -> None:
     while os.getppid() == api_pid:
         time.sleep(0.5)
     os._exit(0)
+
+
+def _has_exited(proc: mp.process.BaseProcess) -> bool:
+    """Whether the worker has ended, without reaping it. Process.is_alive() reaps (waitpid): called from
+    an HTTP thread (/health) it raced the reader thread's _reap, whose waitpid then failed and read the
+    crash as "still running" (seen in CI). Only the thread that handles a worker's end reaps it."""
+    try:
+        return bool(mp_connection.wait([proc.sentinel], timeout=0))
+    except ValueError:  # closed by _handle_crash between the read and the call: it is dead
+        return True
 
 
 class _StartFailed(Exception):
@@ -476,10 +487,7 @@ class WorkerEngine:
 
     def health(self) -> dict[str, Any]:
         proc = self._proc or self._starting
-        try:
-            alive = proc is not None and proc.pid is not None and proc.is_alive()
-        except ValueError:  # closed by _handle_crash between the read and the call: it is dead
-            alive = False
+        alive = proc is not None and proc.pid is not None and not _has_exited(proc)
         starting = self.state in (EngineState.STARTING, EngineState.RESTARTING, EngineState.FAILED)
         return {
             "state": self.state.value,

@@ -10,6 +10,7 @@ demand; EDGELLM_TEST_STALL_AT holds a worker inside a phase.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import struct
 import subprocess
 import sys
 import time
+from multiprocessing import connection as mp_connection
 from pathlib import Path
 
 import httpx
@@ -322,3 +324,23 @@ def test_the_gguf_check_passes_the_bundled_model_and_names_a_cut_one(tmp_path, m
         f.truncate(4096)  # inside the header (the tokenizer alone is far longer)
     with pytest.raises(ValueError, match="ends inside its GGUF header"):
         check_gguf_file(cut)
+
+
+def test_health_reads_a_dead_worker_without_reaping_it(model_path):
+    """/health (an HTTP thread) must not reap the worker: Process.is_alive() does (waitpid), and when it
+    raced the reader thread's reap after a crash, that waitpid failed and serve's last words said the
+    worker was "still running" instead of how it died (seen once in CI). The dead worker stays a zombie
+    until the thread that handles its end reaps it, which then reads the real exit status."""
+    from edgellm.engine.config import ModelConfig
+    from edgellm.runtime.ipc import WorkerConfig
+    from edgellm.runtime.supervisor import WorkerEngine
+
+    engine = WorkerEngine(WorkerConfig(model=ModelConfig(path=model_path)), on_output=lambda outs: None)
+    proc = mp.get_context("spawn").Process(target=os._exit, args=(7,))
+    proc.start()
+    mp_connection.wait([proc.sentinel], timeout=30)
+    engine._proc = proc  # as after a start: the worker it runs
+    for _ in range(20):  # many reads: any one of them reaping would be enough to fail
+        assert engine.health()["worker_alive"] is False
+    pid, status = os.waitpid(proc.pid, 0)  # still ours to reap (ChildProcessError if health reaped it)
+    assert pid == proc.pid and os.waitstatus_to_exitcode(status) == 7
