@@ -366,6 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_infer_arguments(infer)
     infer.set_defaults(func=run_infer_command)
 
+    pull = sub.add_parser(
+        "pull", help="download a model (a preset's, a URL, hf://ORG/NAME/FILE): resumable, sha256-checked"
+    )
+    from edgellm.pull.cli import add_pull_arguments, run_pull
+
+    add_pull_arguments(pull)
+    pull.set_defaults(func=run_pull)
+
     synth = sub.add_parser("synth", help="generate schema-valid synthetic JSON records through a node -> JSONL")
     from edgellm.synth.cli import add_synth_arguments
 

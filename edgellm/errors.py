@@ -24,7 +24,8 @@
     ├── UnsupportedMediaType        415 unsupported_media_type (POST body not application/json)
     ├── MisdirectedRequest          421 misdirected_request (Host not this loopback node's)
     └── the command-line tools' own: SettingsError / PresetError (settings_error), Ratio1NodeError,
-        InferInputError (infer_input), SynthInputError (synth_input), BatchInputError (batch_input)
+        InferInputError (infer_input), SynthInputError (synth_input), BatchInputError (batch_input),
+        PullError (pull_failed)
 
 Adapters (FastAPI, naeural) turn an error into a response with `to_body()` and `http_status`; no
 other place decides a status code. Errors cross the engine/API process boundary and the registry
@@ -75,6 +76,7 @@ class ErrorType(StrEnum):
     INFER_INPUT = "infer_input"
     SYNTH_INPUT = "synth_input"
     BATCH_INPUT = "batch_input"
+    PULL_FAILED = "pull_failed"
 
     @classmethod
     def of(cls, value: str | None) -> ErrorType | None:
@@ -105,6 +107,7 @@ ERROR_HOMES: dict[ErrorType, str] = {
     ErrorType.INFER_INPUT: "edgellm.infer.contract",
     ErrorType.SYNTH_INPUT: "edgellm.synth.schema",
     ErrorType.BATCH_INPUT: "edgellm.batch.inputs",
+    ErrorType.PULL_FAILED: "edgellm.pull.errors",
 }
 
 

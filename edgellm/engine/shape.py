@@ -7,11 +7,11 @@ size; LoRA conversion (engine/lora.py) needs the architecture, each block's head
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgellm import gguf_split
 from edgellm.engine.gguf_header import array_length, read_header, read_metadata
 
 
@@ -101,7 +101,7 @@ class ModelShape:
             head_dim_v=get("head_dim_v") or head_dim_k,
             n_ctx_train=need("n_ctx_train"),
             n_vocab=n_vocab,
-            file_bytes=os.path.getsize(path),
+            file_bytes=gguf_split.total_bytes(path),
             n_ff=get("n_ff") or 0,
             arch=arch,
             head_count=heads,

@@ -1,6 +1,7 @@
 """Model presets for Jetson boards (configs/models/NAME.yaml): a recommended GGUF and the settings to
 serve it with on that board. A preset is the lowest settings layer: the config file, EDGELLM_* and CLI
-flags all override it. The node never downloads: a preset names the file and where to get it."""
+flags all override it. The node never downloads: a preset names the file, and `edgellm pull PRESET`
+(edgellm/pull/) fetches it."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ class Preset:
     name: str
     path: Path
     board: str = ""
-    model: dict[str, Any] = field(default_factory=dict)  # name, file, quant, expected_size_mb, source
+    # name, quant, expected_size_mb, and what `edgellm pull` fetches: hf_repo, file (a split GGUF's first
+    # part) and sha256 (a hash, or file -> hash; absent: the hub's own X-Linked-Etag is checked)
+    model: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
     def where_to_get(self) -> str:
@@ -36,8 +39,9 @@ class Preset:
         m = self.model
         what = " ".join(str(m[k]) for k in ("name", "quant") if m.get(k)) or "the model"
         size = f", about {m['expected_size_mb'] / 1000:.1f} GB" if m.get("expected_size_mb") else ""
-        source = f" from {m['source']}" if m.get("source") else ""
-        return f"preset {self.name} expects {m.get('file', 'its GGUF')} ({what}{size}); download it{source}"
+        source = f" from https://huggingface.co/{m['hf_repo']}" if m.get("hf_repo") else ""
+        fetch = f"run `edgellm pull {self.name}`" if m.get("hf_repo") and m.get("file") else "download it"
+        return f"preset {self.name} expects {m.get('file', 'its GGUF')} ({what}{size}{source}); {fetch}"
 
 
 def preset_dirs() -> list[Path]:

@@ -54,6 +54,7 @@ STATUS = {
     ErrorType.INFER_INPUT: 400,
     ErrorType.SYNTH_INPUT: 400,
     ErrorType.BATCH_INPUT: 500,
+    ErrorType.PULL_FAILED: 500,
 }
 
 

@@ -31,7 +31,7 @@ def test_every_shipped_preset_loads_and_its_settings_are_valid():
         preset = load_preset(name)
         settings = load_settings(None, preset=name)  # every key is a setting, every value in range
         assert settings.model_path == preset.settings["model_path"] == f"/var/lib/edgellm/models/{preset.model['file']}"
-        assert preset.model["source"].startswith("https://huggingface.co/")
+        assert preset.model["hf_repo"].startswith("Qwen/") and preset.model["file"].endswith(".gguf")
         assert settings.n_ctx == "auto" and settings.memory_budget
 
 
@@ -47,7 +47,7 @@ def test_a_preset_is_below_the_config_file_the_environment_and_flags(tmp_path, m
 
 def test_a_missing_preset_model_says_where_to_get_it():
     settings = load_settings(None, preset="orin-nano")
-    with pytest.raises(SettingsError, match=r"download it from https://huggingface.co/Qwen/Qwen2.5-1.5B"):
+    with pytest.raises(SettingsError, match=r"Qwen2.5-1.5B-Instruct-GGUF\); run `edgellm pull orin-nano`"):
         settings.model()
     # A model_path of the user's own is just missing, with no preset hint.
     with pytest.raises(SettingsError) as err:
