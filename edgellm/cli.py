@@ -41,6 +41,7 @@ SERVE_FLAGS: list[tuple[str, Any, str]] = [
     ("request-timeout", float, "default per-request timeout (s)"),
     ("request-ttl", float, "seconds finished requests stay queryable"),
     ("max-queued", int, "in-flight requests before 429"),
+    ("rate-limit-per-minute", int, "POST calls per caller (token) per minute before 429 (default 0: no limit)"),
     ("log-level", str, "debug, info, warning, error"),
 ]
 
@@ -269,6 +270,18 @@ def _ratio1_node(args: argparse.Namespace) -> int:
     return run(args.venv, args.port, args.workdir, args.mqtt_port, args.pipelines)
 
 
+def _ratio1_install(args: argparse.Namespace) -> int:
+    from edgellm.ratio1.install import InstallError, install
+
+    try:
+        for line in install(args.app_dir, take_over=args.take_over_llm_inference_api):
+            print(line)
+    except InstallError as exc:
+        print(f"edgellm ratio1-install: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgellm", description="LLM inference node for edge devices")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -350,13 +363,26 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument(
         "--venv", help="the node's venv (tools/ratio1_venv.sh; default $EDGELLM_RATIO1_PYTHON or this one)"
     )
-    node.add_argument("--port", type=int, help="HTTP port of the first LLM_INFERENCE_API instance (default 15080)")
+    node.add_argument("--port", type=int, help="HTTP port of the first EDGELLM_INFERENCE_API instance (default 15080)")
     node.add_argument(
         "--workdir", help="the node's folder: configs, logs, identity key (default ~/.local/state/edgellm/ratio1-node)"
     )
     node.add_argument("--mqtt-port", type=int, help="local broker port (default 1883, or a free one if taken)")
     node.add_argument("--pipelines", help="folder of pipeline JSON files (default configs/ratio1/pipelines)")
     node.set_defaults(func=_ratio1_node)
+
+    inst = sub.add_parser(
+        "ratio1-install",
+        help="add EDGELLM_INFERENCE_API to a stock edge node's app folder (beside upstream's LLM_INFERENCE_API)",
+    )
+    inst.add_argument("app_dir", help="the node's app folder: device.py and extensions/ (/edge_node in the image)")
+    inst.add_argument(
+        "--take-over-llm-inference-api",
+        action="store_true",
+        help="also make LLM_INFERENCE_API mean edgellm (upstream's file is kept as llm_inference_api.py.upstream); "
+        "without it, an alias an earlier run wrote is removed",
+    )
+    inst.set_defaults(func=_ratio1_install)
 
     infer = sub.add_parser(
         "infer", help="run a TensorRT-Edge-LLM input JSON on the local engine (no server) -> output JSON"

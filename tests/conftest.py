@@ -59,6 +59,9 @@ SLOW_FILES = (
     "test_presets_and_memory.py::test_the_node_runs",
     "test_test_hygiene.py::test_the_node_",
     "test_cors.py::test_the_node_",
+    "test_memory_pressure.py::test_the_node_",
+    "test_energy.py::test_the_node_",
+    "test_energy.py::test_the_engine_",
 )
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The same engine behind two front doors: the native host (`edgellm serve`) and a real offline Ratio1
-node serving LLM_INFERENCE_API (`edgellm.ratio1.launcher`, as `edgellm ratio1-node`).
+node serving EDGELLM_INFERENCE_API (`edgellm.ratio1.launcher`, as `edgellm ratio1-node`).
 
 Same machine, same run, same settings (N_SLOTS, N_CTX), same prompts, one after the other. For each:
 start-to-ready time, memory (PSS of every process of the server: node, uvicorn, engine worker; RSS
@@ -143,7 +143,7 @@ def main() -> int:
             "TYPE": "Loopback",
             "PLUGINS": [
                 {
-                    "SIGNATURE": "LLM_INFERENCE_API",
+                    "SIGNATURE": "EDGELLM_INFERENCE_API",
                     "INSTANCES": [{"INSTANCE_ID": "bench", "PORT": port, "N_SLOTS": args.n_slots, "N_CTX": args.n_ctx}],
                 }
             ],

@@ -91,7 +91,9 @@ class Origins:
 # -- the request ------------------------------------------------------------------------------------------
 
 
-def to_openai(body: Any, model_id: str, *, count: bool = False) -> tuple[dict[str, Any], MessagesOptions, Origins]:
+def to_openai(
+    body: Any, model_id: str | tuple[str, ...], *, count: bool = False
+) -> tuple[dict[str, Any], MessagesOptions, Origins]:
     """A Messages (or count_tokens, `count`) body -> (an OpenAI chat body, options, message origins).
 
     Raises InvalidRequest (400) naming the parameter, or ModelNotFound (404), whatever `body` holds.
@@ -106,8 +108,10 @@ def to_openai(body: Any, model_id: str, *, count: bool = False) -> tuple[dict[st
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model: a model name (string) is required", param="model")
-    if model != model_id:
-        raise ModelNotFound(f"model: '{show_name(model)}' does not exist; this server serves '{model_id}'")
+    served = (model_id,) if isinstance(model_id, str) else model_id
+    if model not in served:
+        names = ", ".join(f"'{m}'" for m in served)
+        raise ModelNotFound(f"model: '{show_name(model)}' does not exist; this server serves {names}")
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidRequest(f"metadata must be an object, got {kind_of(metadata)}", param="metadata")

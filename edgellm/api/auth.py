@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from edgellm.api.rate_limit import RateLimiter
 from edgellm.errors import Unauthorized
 
 
@@ -28,9 +29,11 @@ def owner_id(token: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, tokens: list[str]):
+    def __init__(self, tokens: list[str], *, rate_limit_per_minute: int = 0):
         self._tokens = [t.encode() for t in tokens if t]
         self._owners = [owner_id(t) for t in tokens if t]
+        # The per-caller budget sits with auth because the subject it counts is the owner check() names.
+        self.limiter = RateLimiter(rate_limit_per_minute)
 
     @property
     def required(self) -> bool:

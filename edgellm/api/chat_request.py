@@ -44,6 +44,8 @@ class ChatRequest(BaseModel):
     response_format: dict[str, Any] | None = None  # normalised form, echoed by return_full
     metadata: dict[str, Any] = Field(default_factory=dict)
     request_id: str | None = None
+    # The model it names, when the node serves several (runtime/model_switch.py); None: the default.
+    model: str | None = None
     timeout: float = _default("timeout")
     disable_spec_decode: bool = _default("disable_spec_decode")  # no speculative drafts (same output)
     n: int = _default("n")  # samples of the prompt, sharing its prefill; sample i draws with seed + i
@@ -109,4 +111,6 @@ class ChatRequest(BaseModel):
         data = self.model_dump(exclude={"guide", "metadata"})
         data["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         data["guided_decoding"] = {self.guide.kind.value: self.guide.spec} if self.guide else None
+        if data["model"] is None:  # the default model: stored and echoed as before there were several
+            del data["model"]
         return data

@@ -79,7 +79,7 @@ class CompletionOptions:
 
 def parse_completion_request(
     body: Any,
-    model_id: str,
+    model_id: str | tuple[str, ...],
     *,
     n_vocab: int | None = None,
     infill: bool = False,
@@ -104,7 +104,7 @@ def parse_completion_request(
             param=chat_only[0],
         )
     refuse_unknown(body, ACCEPTED_FIELDS)
-    check_model(body, model_id)
+    model = check_model(body, model_id)
     stream = _flag(body, "stream")
     stream_options = body.get("stream_options")
     if stream_options is None:
@@ -167,6 +167,7 @@ def parse_completion_request(
             "prompt_tokens": tokens,
             "infill_suffix": suffix,
             "cut_structure_ok": True,  # as the chat route: JSON cut by max_tokens is a 200, finish "length"
+            "model": None if isinstance(model_id, str) else model,  # carried only when the node has several
         }
         requests.append(base.model_copy(update=update, deep=True))
     return requests, CompletionOptions(stream, bool(include_usage), logprobs, echo, base.n)

@@ -29,7 +29,7 @@ class EmbeddingsCall:
     n_inputs: int
 
 
-def parse_embeddings(body: Any, model_id: str, *, n_embd: int, max_bytes: int) -> EmbeddingsCall:
+def parse_embeddings(body: Any, model_id: str | tuple[str, ...], *, n_embd: int, max_bytes: int) -> EmbeddingsCall:
     """An OpenAI embeddings body -> the EMBED task; `input` is a string, a list of strings, a list of
     token ids or a list of such lists."""
     if not isinstance(body, dict):

@@ -292,7 +292,13 @@ BODY_FIELDS: tuple[BodyField, ...] = (
         extras=True,
         openai=True,
     ),
-    BodyField("model", str | None, description="accepted and ignored on these endpoints"),
+    BodyField(
+        "model",
+        str | None,
+        description="which of the node's models (settings `models:`); with one model, accepted and ignored",
+        extras=True,
+        schema={"max_length": 256},
+    ),
     # Refused on the seed endpoints (their answer is one body); known so the refusal can say where to go.
     BodyField("stream", bool | None, documented=False),
 )

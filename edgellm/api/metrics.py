@@ -117,6 +117,13 @@ class _LiveCollector:
             if key in engine:
                 yield GaugeMetricFamily(f"edgellm_engine_{key}", f"Mean {key.replace('_', ' ')}", value=engine[key])
         yield from _board_gauges(state.get("board") or [])
+        yield from _board_gauges(state.get("memory_pressure") or [])  # the same (name, help, labels, value) form
+        if "energy_joules" in state:  # only on a board with a power monitor (runtime/energy.py)
+            yield CounterMetricFamily(
+                "edgellm_energy_joules",
+                "Energy drawn by the board (its input rail, or the sum of its rails) since the node started",
+                value=state["energy_joules"],
+            )
 
 
 def _board_gauges(samples: list[tuple[str, str, dict[str, str], float]]) -> Iterable[Metric]:
@@ -128,6 +135,31 @@ def _board_gauges(samples: list[tuple[str, str, dict[str, str], float]]) -> Iter
             family = families[name] = GaugeMetricFamily(name, help_text, labels=sorted(labels))
         family.add_metric([labels[k] for k in sorted(labels)], value)
     return families.values()
+
+
+class _EnergyCollector:
+    """The requests' energy: a counter of their summed shares and the last completed one's joules per token."""
+
+    def __init__(self, metrics: ServiceMetrics):
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        if self.metrics.last_joules_per_token is None and not self.metrics.request_energy_j:
+            return
+        yield CounterMetricFamily(
+            "edgellm_request_energy_joules",
+            "Energy attributed to finished requests (each step's energy shared by the tokens it fed)",
+            value=self.metrics.request_energy_j,
+        )
+        if self.metrics.last_joules_per_token is not None:
+            yield GaugeMetricFamily(
+                "edgellm_energy_joules_per_token",
+                "Joules per generated token of the last completed request (its energy_j / completion tokens)",
+                value=self.metrics.last_joules_per_token,
+            )
 
 
 class ServiceMetrics:
@@ -171,6 +203,11 @@ class ServiceMetrics:
         self.live = live
         if live is not None:
             self.registry.register(_LiveCollector(live))
+        # Per-request energy (timings energy_j): plain floats, exposed only once a request carried one,
+        # so a node without a power monitor has no energy series at all (never a 0).
+        self.request_energy_j = 0.0
+        self.last_joules_per_token: float | None = None
+        self.registry.register(_EnergyCollector(self))
 
     # -- what happened (any thread) ----------------------------------------------------------------
     def count(self, outcome: str) -> None:
@@ -197,6 +234,10 @@ class ServiceMetrics:
             ttft_s = timings["ttft_ms"] / 1000
             self.ttft.observe(ttft_s)
             self.latency.observe(ttft_s + timings.get("decode_ms", 0.0) / 1000)
+        if "energy_j" in timings:  # every finished request's share counts, a failed one's too
+            self.request_energy_j += max(0.0, timings["energy_j"])
+            if outcome == "completed" and "joules_per_token" in timings:
+                self.last_joules_per_token = timings["joules_per_token"]
 
     # -- views -----------------------------------------------------------------------------------
     @staticmethod
@@ -258,7 +299,19 @@ class ServiceMetrics:
             "engine": live.get("engine", {}),
             "engine_restarts": live.get("engine_restarts", 0),
             "http_requests": self.http_counts(),
+            **({"energy": energy} if (energy := self.energy_view(live)) else {}),
         }
+
+    def energy_view(self, live: Mapping[str, Any]) -> dict[str, float]:
+        """The energy numbers there are (board total, requests' shares, last J/token); {} without a monitor."""
+        view: dict[str, float] = {}
+        if "energy_joules" in live:
+            view["board_joules"] = round(live["energy_joules"], 3)
+        if self.request_energy_j:
+            view["request_joules"] = round(self.request_energy_j, 3)
+        if self.last_joules_per_token is not None:
+            view["last_joules_per_token"] = self.last_joules_per_token
+        return view
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)

@@ -78,18 +78,22 @@ def refuse_unknown(body: dict, known: frozenset[str] | set[str]) -> None:
         raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
 
 
-def check_model(body: dict, model_id: str) -> None:
-    """The OpenAI routes' `model`: required, and the one this node serves (else 404 model_not_found)."""
+def check_model(body: dict, model_id: str | tuple[str, ...]) -> str:
+    """The OpenAI routes' `model`: required, and one this node serves (else 404 model_not_found): `model_id`
+    is the one id, or the ids of the node's models (settings `models:`). Returns it."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
-    if model != model_id:
-        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves '{model_id}'")
+    served = (model_id,) if isinstance(model_id, str) else model_id
+    if model not in served:
+        names = ", ".join(f"'{m}'" for m in served)
+        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves {names}")
+    return model
 
 
 def parse_openai_request(
     body: Any,
-    model_id: str,
+    model_id: str | tuple[str, ...],
     *,
     max_messages: int = MAX_MESSAGES,
     max_prompt_bytes: int = MAX_PROMPT_BYTES,
@@ -106,7 +110,7 @@ def parse_openai_request(
     if bad:
         raise InvalidRequest(f"'{bad[0]}' is not supported by this server", param=bad[0])
     refuse_unknown(body, MAPPED_FIELDS | IGNORED_FIELDS | UNSUPPORTED_FIELDS)
-    check_model(body, model_id)
+    model = check_model(body, model_id)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")
@@ -148,7 +152,9 @@ def parse_openai_request(
     )
     # As OpenAI and llama-server: JSON cut by max_tokens comes back as it is, finish_reason "length";
     # never a cut tool call (the same 422 as the seed endpoints: a call that does not parse is no call).
-    request = request.model_copy(update={"cut_structure_ok": not request.calls_tools})
+    # The model is carried only where the node serves several (a tuple of ids): one id means the default.
+    routed = None if isinstance(model_id, str) else model
+    request = request.model_copy(update={"cut_structure_ok": not request.calls_tools, "model": routed})
     return request, OpenAIOptions(stream, bool(stream_options.get("include_usage")), bool(logprobs), top or 0)
 
 
@@ -230,11 +236,25 @@ def error_body(exc: EdgeLLMError) -> dict[str, Any]:
     }
 
 
-def models_body(model_id: str, created: float, media: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The one served model; `input_modalities` says what its content parts may carry (edgellm field)."""
+def models_body(
+    model_id: str, created: float, media: dict[str, Any] | None = None, states: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The served model(s); `input_modalities` says what the default's content parts may carry, and with
+    several models (`states`) each says its `state` (loaded, loading, unloaded, failed) (edgellm fields)."""
     modalities = ["text"] + [kind for kind in ("image", "audio") if (media or {}).get(VISION_KEYS[kind])]
     model = {"id": model_id, "object": "model", "created": int(created), "owned_by": "edgellm"}
-    return {"object": "list", "data": [{**model, "input_modalities": modalities}]}
+    if not states:
+        return {"object": "list", "data": [{**model, "input_modalities": modalities}]}
+    data = []
+    for s in states:
+        entry = {**model, "id": s["id"], "state": s["state"], "waiting": s["waiting"], "loads": s["loads"]}
+        entry["last_load_ms"] = s["last_load_ms"]  # unload + spawn + load + warm-up, as the switch timed it
+        if s.get("last_error"):
+            entry["last_error"] = s["last_error"]
+        if s["id"] == model_id:  # what the others take is known once they have loaded
+            entry["input_modalities"] = modalities
+        data.append(entry)
+    return {"object": "list", "data": data}
 
 
 VISION_KEYS = {"image": "vision", "audio": "audio"}

@@ -177,7 +177,9 @@ def not_found(value: Any, param: str | None = None) -> UnknownRequest:
 
 
 # -- the request ------------------------------------------------------------------------------------
-def parse_responses_request(body: Any, model_id: str, *, max_messages: int = 512) -> ResponsesRequest:
+def parse_responses_request(
+    body: Any, model_id: str | tuple[str, ...], *, max_messages: int = 512
+) -> ResponsesRequest:
     """A Responses body -> its parts, every Responses-only shape checked (a 400 naming its param).
 
     What both APIs share (messages' content, sampling bounds, schemas, tools' parameters) is checked
@@ -189,8 +191,7 @@ def parse_responses_request(body: Any, model_id: str, *, max_messages: int = 512
     asked = sorted(k for k in body if k in UNSUPPORTED_FIELDS and body[k] not in (None, False, 0, [], {}))
     if asked:
         raise InvalidRequest(f"'{asked[0]}' is not supported by this server", param=asked[0])
-    check_model(body, model_id)
-    model = model_id
+    model = check_model(body, model_id)
     stream = _flag(body, "stream", False)
     store = _flag(body, "store", True)
     _include(body.get("include"))

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from edgellm.api import model_routes
 from edgellm.api.auth import Authenticator
 from edgellm.api.metrics import ServiceMetrics, live_state
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
@@ -69,6 +70,26 @@ class BoardSource(Protocol):
 
     def samples(self) -> list[tuple[str, str, dict[str, str], float]]: ...
 
+    def health(self) -> dict[str, Any]: ...  # nvpmodel mode and the throttling flag, for /health
+
+
+class EnergySource(Protocol):
+    """The board's cumulative input energy (runtime/energy.EnergyMeter), for /metrics."""
+
+    rail: str
+
+    def joules(self) -> float: ...
+
+
+class AdmissionGate(Protocol):
+    """What may refuse new work for a reason of the host's (runtime/memory_pressure.py: memory is short)."""
+
+    def refusal(self) -> EdgeLLMError | None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def samples(self) -> list[tuple[str, str, dict[str, str], float]]: ...
+
 
 FINISH_WRITE_RETRIES = (0.05, 0.2, 0.5)  # seconds between attempts to store a result
 
@@ -99,15 +120,22 @@ class Service:
             live=lambda: {
                 **live_state(self.engine, self.in_flight(), self.config.max_queued),
                 "board": self.board.samples() if self.board is not None else [],
+                "memory_pressure": self.pressure.samples() if self.pressure is not None else [],
+                **({"energy_joules": self.energy.joules()} if self.energy is not None else {}),
             }
         )
+        # The board's input energy since start (None: no power monitor, no energy series at all).
+        self.energy: EnergySource | None = None
         # Board telemetry (runtime/board.py on a Jetson): read() -> dict for /status, samples() ->
         # (name, help, labels, value) gauges for /metrics. None: nothing to report.
         self.board: BoardSource | None = None
         self.memory_plan: dict[str, Any] | None = None  # the engine's memory plan, for /status
+        # Refuses new work (503 + Retry-After) while the host is short of memory; its state is in /health.
+        self.pressure: AdmissionGate | None = None
         # Engine tasks that take no slot and keep no record (embeddings, tokenizer, template): their
         # final output resolves the future (run_task), nothing else reads it.
         self._tasks: dict[str, asyncio.Future] = {}
+        self._models: dict[str, str] = {}  # request key -> the model it named (not the default), until its end
 
     # -- wiring ------------------------------------------------------------------------------
     def bind(self, engine: EngineClient, loop: asyncio.AbstractEventLoop) -> None:
@@ -133,6 +161,15 @@ class Service:
                 continue
             self.registry.bump_attempts(rec.request_id)
             request = ChatRequest.from_params(rec.params, rec.metadata)
+            if request.model is not None and all(r.id != request.model for r in self.config.routes()):
+                self.registry.finish(
+                    rec.request_id,
+                    RequestStatus.FAILED,
+                    None,
+                    f"the node no longer serves model {request.model!r}",
+                    ErrorType.MODEL_NOT_FOUND,
+                )
+                continue
             try:
                 load_media(request, self.config, None)  # from the stored sources, as at submission
             except EdgeLLMError as exc:
@@ -152,12 +189,14 @@ class Service:
     async def parse(self, body: Any) -> ChatRequest:
         """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits."""
         request = parse_chat_request(body, **self.config.limits())
+        request = model_routes.route(request, self.config.routes(), strict=False)
         await self.check_engine_limits(request)
         return await self._load_media(request)
 
     async def parse_openai(self, body: Any) -> tuple[ChatRequest, OpenAIOptions]:
         """An OpenAI chat-completions body -> a validated request and the response options."""
-        request, opts = parse_openai_request(body, self.model_name, **self.config.limits())
+        request, opts = parse_openai_request(body, self.config.model_ids(), **self.config.limits())
+        request = model_routes.route(request, self.config.routes(), strict=True)
         await self.check_engine_limits(request)
         return await self._load_media(request), opts
 
@@ -165,6 +204,7 @@ class Service:
         if not request.has_media:
             return request
         self._refuse_when_full()  # before decoding: pixels are memory
+        self._refuse_under_pressure()
         return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
 
     def _refuse_when_full(self) -> None:
@@ -190,7 +230,22 @@ class Service:
         """
         if request.guide is not None:
             await asyncio.to_thread(grammar_for, request.guide)
-        check_vocabulary(request, (self.engine.info or {}).get("n_vocab") if self.engine else None)
+        check_vocabulary(request, self.engine_info(request.model).get("n_vocab"))
+
+    def model_states(self) -> list[dict[str, Any]] | None:
+        """Each model's state (loaded, loading, unloaded, failed) when the node serves several; else None."""
+        states = getattr(self.engine, "model_states", None)
+        return states() if states is not None else None
+
+    def engine_info(self, model: str | None = None) -> dict[str, Any]:
+        """The EngineInfo of `model` (None: the default), as of its last load; {} before it ever loaded
+        (its limits are then checked by the engine when it runs the request)."""
+        if self.engine is None:
+            return {}
+        by_model = getattr(self.engine, "model_info", None)  # runtime/model_switch.ModelSwitch
+        if by_model is None:
+            return self.engine.info or {}
+        return by_model(model or self.model_name)
 
     def in_flight(self) -> int:
         return (self.engine.in_flight() if self.engine is not None else 0) + self.requests.registering
@@ -229,17 +284,33 @@ class Service:
         return key
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
-        sent = engine_request(
-            request_id, request, seed, created_at=created_at, stream=stream, chat_format=self.chat_format()
-        )
-        self.outputs.add_request(request_id, request.stop, sent.reply)
-        self.engine.submit(sent)
+        def build() -> EngineRequest:
+            # Built when it is sent: with several models, once its model is loaded, so its prompt is
+            # rendered with that model's chat format.
+            sent = engine_request(
+                request_id, request, seed, created_at=created_at, stream=stream, chat_format=self.chat_format()
+            )
+            served = model_routes.lora_of(request.model, self.config.routes())
+            if request.model is not None or served.lora_path is not None:
+                sent = dataclasses.replace(
+                    sent, model=request.model, lora_path=served.lora_path, lora_scale=served.lora_scale
+                )
+            self.outputs.add_request(request_id, request.stop, sent.reply)
+            return sent
+
+        if request.model is not None:
+            self._models[request_id] = request.model  # the result names the model that made it
+        dispatch = getattr(self.engine, "dispatch", None)  # several models: runtime/model_switch.ModelSwitch
+        if dispatch is None:
+            self.engine.submit(build())
+        else:
+            dispatch(request.model, request_id, build)
 
     async def run_task(self, request: EngineRequest, timeout_s: float) -> EngineOutput:
         """Run an engine task other than generation (EngineTask) and return its final output; its error,
         when it failed, as the EdgeLLMError its type stands for. Counted against max_queued like any
         request, never registered: the answer is all there is of it."""
-        self._require_engine()
+        self._require_engine(new_work=request.task is EngineTask.EMBED)
         key = f"task-{uuid.uuid4().hex}"
         request.request_id = key
         request.deadline = time.time() + timeout_s
@@ -280,7 +351,14 @@ class Service:
         """The model's (EngineInfo's); the generic one until the engine has reported."""
         return ChatFormat.from_dict((self.engine.info or {}).get("chat_format") if self.engine else None)
 
-    def _require_engine(self) -> None:
+    def _refuse_under_pressure(self) -> None:
+        refusal = self.pressure.refusal() if self.pressure is not None else None
+        if refusal is not None:
+            raise refusal
+
+    def _require_engine(self, *, new_work: bool = True) -> None:
+        """503 unless the engine takes requests; `new_work`: also while memory is short (generation and
+        embeddings allocate; the tokenizer and template tasks do not, so they go on)."""
         if self.draining:
             raise EngineUnavailable("the node is shutting down; retry when it is back")
         health = self.engine.health() if self.engine is not None else {"state": "starting"}
@@ -288,6 +366,8 @@ class Service:
         if health["state"] not in ("ready", "restarting"):
             reason = f": {health['last_error']}" if health.get("last_error") else ""
             raise EngineUnavailable(f"engine is {health['state']}{reason}")
+        if new_work:
+            self._refuse_under_pressure()
 
     def abort(self, request_id: str) -> None:
         if self.engine is not None:
@@ -307,7 +387,7 @@ class Service:
             if not out.finished:
                 self._post(self._push_delta, out)
                 continue
-            outcome = outcome_of(out, self.model_name, public_id(out.request_id))
+            outcome = outcome_of(out, self._models.pop(out.request_id, self.model_name), public_id(out.request_id))
             finals.append(outcome)
             self.instruments.finished(
                 outcome.status.value,
@@ -501,6 +581,9 @@ class Service:
             "engine": engine,
             "offload": info.get("offload"),
             "media": info.get("media"),
+            **({"memory_pressure": self.pressure.state()} if self.pressure is not None else {}),
+            # nvpmodel mode and throttled (runtime/board.read_throttling), only what the board exposes
+            **({"board": board} if (board := self.board.health() if self.board is not None else {}) else {}),
         }
 
     def status(self) -> dict[str, Any]:
@@ -524,7 +607,11 @@ class Service:
             },
             "auth_required": self.auth.required,
             **({"memory_plan": self.memory_plan} if self.memory_plan else {}),
-            **({"board": board} if (board := self.board.read() if self.board is not None else {}) else {}),
+            **(
+                {"board": board}
+                if (board := {**(self.board.read() if self.board is not None else {}), **health.get("board", {})})
+                else {}
+            ),
         }
 
     def metrics(self) -> dict[str, Any]:

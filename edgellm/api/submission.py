@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from edgellm.api.model_routes import ModelRoute
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.reply import PLAIN, ReplySpec
 from edgellm.api.tool_grammar import tool_guide
@@ -33,7 +34,9 @@ from edgellm.media.types import MediaCaps
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    model_name: str
+    model_name: str  # the default model's id (the first of `models`)
+    # The node's models when it serves several (settings `models:`, the first the default); empty: one.
+    models: tuple[ModelRoute, ...] = ()
     default_timeout_s: float = 600.0
     max_timeout_s: float = 3600.0
     max_queued: int = 64
@@ -45,6 +48,13 @@ class ServiceConfig:
     max_completion_tokens: int = MAX_COMPLETION_TOKENS
     media_sources: MediaSources = MediaSources()  # where image/audio references may point
     media_limits: MediaLimits = MediaLimits()
+
+    def routes(self) -> tuple[ModelRoute, ...]:
+        return self.models or (ModelRoute(self.model_name),)
+
+    def model_ids(self) -> str | tuple[str, ...]:
+        """What the OpenAI-style parsers check `model` against: the one id, or every served id."""
+        return tuple(r.id for r in self.models) if len(self.models) > 1 else self.model_name
 
     def limits(self) -> dict[str, Any]:
         """The keyword arguments of parse_chat_request / parse_openai_request for this node."""

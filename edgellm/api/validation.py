@@ -172,6 +172,7 @@ _OWN_RULES = {
     "stop": lambda body: _stop(body.get("stop")),
     "logit_bias": lambda body: _logit_bias(body.get("logit_bias")),
     "request_id": lambda body: _request_id(body),
+    "model": lambda body: _model(body.get("model")),
 }
 
 
@@ -393,6 +394,15 @@ def _logit_bias(value: Any) -> dict[int, float]:
             )
         out[token] = float(bias)
     return out
+
+
+def _model(value: Any) -> str | None:
+    """Which model: checked against the node's models by the service (it knows them), here only its form."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        raise InvalidRequest("model must be a model id (a string of 1..256 characters)", param="model")
+    return value
 
 
 def _request_id(body: dict) -> str | None:

@@ -52,6 +52,13 @@ class EngineCore:
             raise
         self.warmup_ms = 0.0
         self.self_test: dict | None = None
+        self.energy: Callable[[], float] | None = None  # see set_energy
+
+    def set_energy(self, joules: Callable[[], float] | None) -> None:
+        """The board's cumulative joules (runtime/energy.EnergyMeter.joules): from now on each request's
+        final timings carry its share (energy_j, joules_per_token). None: no energy fields."""
+        self.energy = joules
+        self.scheduler.energy = joules
 
     def _new_scheduler(self) -> Scheduler:
         """The scheduler, with the configured projector attached (the scheduler closes it with itself)."""
@@ -112,6 +119,7 @@ class EngineCore:
         self.scheduler.close()
         self.scheduler = self._new_scheduler()
         self.scheduler.decode_cost = cost
+        self.scheduler.energy = self.energy
 
     # -- requests ----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> EngineOutput | None:

@@ -72,6 +72,13 @@ class SampleGroup:
         failed = next((o for o in outs if o.error is not None and o.finish_reason is not FinishReason.ABORT), None)
         failed = failed or next((o for o in outs if o.error is not None or o.finish_reason in _ENDED_EARLY), None)
         head = failed or outs[0]
+        timings = dict(outs[0].timings)
+        if all("energy_j" in o.timings for o in outs):  # the request's energy: every sample's share
+            timings["energy_j"] = sum(o.timings["energy_j"] for o in outs)
+            generated = sum(o.completion_tokens for o in outs)
+            timings.pop("joules_per_token", None)
+            if generated > 0:
+                timings["joules_per_token"] = timings["energy_j"] / generated
         return EngineOutput(
             self.request.request_id,
             True,
@@ -80,7 +87,7 @@ class SampleGroup:
             completion_tokens=sum(o.completion_tokens for o in outs),
             error=head.error,
             error_type=head.error_type,
-            timings=outs[0].timings,
+            timings=timings,
             cached_tokens=outs[0].cached_tokens,
             stop_cause=head.stop_cause,
             truncated_structure=head.truncated_structure,

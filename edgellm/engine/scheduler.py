@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 
@@ -76,6 +77,10 @@ class Scheduler:
         self.decode_cost = DecodeCost()  # what verifying drafts costs here (probed at start, then observed)
         # False: every proposal is sent, whatever it costs (tools/bench_speculative.py compares the two).
         self.adaptive_drafts = True
+        # The board's cumulative joules (runtime/energy.EnergyMeter.joules), set by whoever has a power
+        # monitor; None: no energy fields. Each step's energy is shared among its slots (_charge_energy).
+        self.energy: Callable[[], float] | None = None
+        self._energy_mark: float | None = None  # joules when the current busy stretch was last charged
 
     def _set_threads(self, n: int) -> None:
         self.model.set_threads(n)
@@ -215,11 +220,16 @@ class Scheduler:
         self._propose_drafts()
         plan = schedule(self.slots, self.model.n_batch)
         if plan.empty:
+            self._energy_mark = None  # idle: what the board draws until the next step is no request's
             return outputs
+        if self.energy is not None and self._energy_mark is None:
+            self._energy_mark = self.energy()  # a busy stretch starts: charge from here
         t0 = time.perf_counter()
         failed = self._decode_media(plan)
         logits = self._decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits, failed)
         elapsed = time.perf_counter() - t0
+        if self.energy is not None:
+            self._charge_energy(plan)
         self.tasks.earn(elapsed)
         self.stats.decode_s += elapsed
         if plan.prefill or plan.media:  # a step that carries prompt chunks (generation tokens may ride along)
@@ -231,6 +241,17 @@ class Scheduler:
         self.stats.steps += 1
         outputs += self.update_from_output(plan, logits, failed)
         return outputs
+
+    def _charge_energy(self, plan: StepPlan) -> None:
+        """The energy since the last charge (the previous step's decode, while busy without a break: its
+        sampling, this step's admission and decode) shared among this step's slots by the tokens each fed:
+        prompt chunks and generated tokens alike (prefix-cache hits are not fed, so cost nothing), an
+        image or audio chunk by the embeddings it decodes (energy_shares: a Counter over the step's
+        seq_ids, counted in C, then one addition per slot; no Python loop per token)."""
+        now = self.energy()
+        spent, self._energy_mark = now - self._energy_mark, now
+        for seq_id, joules in energy_shares(spent, plan).items():
+            self.slots[seq_id].energy_j += joules
 
     def update_from_output(
         self, plan: StepPlan, logits: list[np.ndarray | None], failed: dict[int, str]
@@ -711,6 +732,10 @@ class Scheduler:
             "decode_ms": 1000 * decode_s,
             "tokens_per_s": (n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
         }
+        if self.energy is not None:  # a board with a power monitor: this request's share of its energy
+            out.timings["energy_j"] = slot.energy_j
+            if n_gen > 0:
+                out.timings["joules_per_token"] = slot.energy_j / n_gen
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
         group = slot.group
@@ -754,6 +779,19 @@ class Scheduler:
         if self.draft_model is not None:
             self.draft_model.close()
             self.draft_model = None
+
+
+def energy_shares(spent: float, plan: StepPlan) -> dict[int, float]:
+    """`spent` joules shared among a step's sequences by the tokens each fed (its seq_ids entries, plus
+    the embeddings of a media chunk decoded in it); {} when nothing was spent or fed."""
+    fed = Counter(plan.seq_ids)
+    if plan.media is not None:
+        slot, span = plan.media
+        fed[slot.seq_id] += span.n_tokens
+    total = sum(fed.values())
+    if spent <= 0 or total <= 0:
+        return {}
+    return {seq_id: spent * n / total for seq_id, n in fed.items()}
 
 
 def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:

@@ -105,6 +105,7 @@ class Slot:
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
+        self.energy_j = 0.0  # this request's share of the board's energy so far (Scheduler._charge_energy)
 
     def media_at(self, index: int) -> MediaSpan | None:
         """The media chunk that starts at prompt entry `index`, if one does."""

@@ -3,7 +3,11 @@
 It starts a local MQTT broker (mosquitto, the Debian package) on loopback, renders configs/ratio1/
 (startup config, app config, pipeline files) into a work dir that also links this checkout's
 `extensions/` (and `plugins/`), starts the node from its own venv in a new session, waits until the
-first LLM_INFERENCE_API instance answers GET /health with 200, and stops everything on request.
+first EDGELLM_INFERENCE_API instance answers GET /health with 200, and stops everything on request.
+
+A pipeline may also name edgellm's plugin LLM_INFERENCE_API (upstream's signature): that takes the
+opt-in alias (edgellm/ratio1/install.py), which the work dir then gets in an extensions/ tree of its
+own (links to this checkout plus the generated alias module), so the checkout itself never holds it.
 
 The node runs in a separate interpreter (its venv holds naeural-core and torch, ~7 GB; see
 tools/ratio1_venv.sh); this module never imports naeural_core. The node's PYTHONPATH starts with this
@@ -30,10 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import EdgeLLMError
+from edgellm.ratio1.install import ALIAS_MODULE, ALIAS_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs" / "ratio1"
-API_SIGNATURE = "LLM_INFERENCE_API"
+API_SIGNATURE = "EDGELLM_INFERENCE_API"
+ALIAS_SIGNATURE = "LLM_INFERENCE_API"  # upstream's name: edgellm's plugin through the opt-in alias
+API_SIGNATURES = (API_SIGNATURE, ALIAS_SIGNATURE)
+OVERLAY_MARK = ".edgellm-overlay"  # a work dir's extensions/ built by the launcher (rebuilt each start)
 DEFAULT_MQTT_PORT = 1883
 NODE_ENV = {
     # Offline: no VPN, no blockchain RPC, no dAuth, no tunnels, no supervisor role.
@@ -80,12 +88,15 @@ class ApiInstance:
 class NodeOptions:
     python: str  # the interpreter of the node's venv (naeural-core installed)
     workdir: Path
-    port: int | None = None  # PORT of the first LLM_INFERENCE_API instance (default: the pipeline file's)
+    port: int | None = None  # PORT of the first EDGELLM_INFERENCE_API instance (default: the pipeline file's)
     mqtt_port: int | None = None  # None: 1883 when free, else any free loopback port
     node_id: str = "edgellm-node"
     pipelines: list[dict[str, Any]] | None = None  # None: the files in configs/ratio1/pipelines/
     pipelines_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the node (e.g. a token variable)
+    # The LLM_INFERENCE_API alias: None = when a pipeline names that signature (this offline node has no
+    # upstream plugin of that name to shadow), True/False = always/never.
+    alias: bool | None = None
     ready_timeout_s: float = 300.0
     stop_timeout_s: float = 60.0
 
@@ -180,11 +191,11 @@ def load_pipelines(folder: Path) -> list[dict[str, Any]]:
 
 
 def api_instances(pipelines: list[dict[str, Any]]) -> list[ApiInstance]:
-    """Every LLM_INFERENCE_API instance with a PORT, in file order."""
+    """Every instance of edgellm's API plugin (either signature) with a PORT, in file order."""
     found = []
     for pipe in pipelines:
         for plugin in pipe.get("PLUGINS", []):
-            if str(plugin.get("SIGNATURE", "")).upper() != API_SIGNATURE:
+            if str(plugin.get("SIGNATURE", "")).upper() not in API_SIGNATURES:
                 continue
             for inst in plugin.get("INSTANCES", []):
                 if inst.get("PORT"):
@@ -250,7 +261,14 @@ class Ratio1Node:
                     f"port {inst.port} ({inst.pipeline}/{inst.instance_id}) is in use; pass --port or edit the pipeline"
                 )
         self.mqtt_port = self._choose_mqtt_port()
-        self._link_sources()
+        alias = self.options.alias
+        if alias is None:
+            alias = any(
+                str(plugin.get("SIGNATURE", "")).upper() == ALIAS_SIGNATURE
+                for pipe in pipelines
+                for plugin in pipe.get("PLUGINS", [])
+            )
+        self._link_sources(alias=alias)
         startup = self._render(pipelines)
         self.started_at = time.monotonic()
         try:
@@ -272,7 +290,7 @@ class Ratio1Node:
         if o.port is not None:  # the first API instance
             for pipe in pipelines:
                 for plugin in pipe.get("PLUGINS", []):
-                    if str(plugin.get("SIGNATURE", "")).upper() == API_SIGNATURE and plugin.get("INSTANCES"):
+                    if str(plugin.get("SIGNATURE", "")).upper() in API_SIGNATURES and plugin.get("INSTANCES"):
                         plugin["INSTANCES"][0]["PORT"] = o.port
                         return pipelines
         return pipelines
@@ -285,15 +303,23 @@ class Ratio1Node:
             return wanted
         return DEFAULT_MQTT_PORT if port_free(DEFAULT_MQTT_PORT) else free_port()
 
-    def _link_sources(self) -> None:
-        """extensions/ and plugins/ of this checkout, as symlinks in the work dir (a real folder is kept)."""
+    def _link_sources(self, *, alias: bool = False) -> None:
+        """extensions/ and plugins/ of this checkout, as symlinks in the work dir (a real folder is kept,
+        unless the launcher built it). With `alias`, extensions/ is a tree of links to this checkout's
+        folders plus the generated LLM_INFERENCE_API alias at upstream's path."""
         for name in ("extensions", "plugins"):
             src, dst = REPO_ROOT / name, self.workdir / name
             if dst.is_symlink():
                 dst.unlink()
+            elif (dst / OVERLAY_MARK).exists():
+                shutil.rmtree(dst)
             elif dst.exists():
                 continue
-            if src.is_dir():
+            if not src.is_dir():
+                continue
+            if name == "extensions" and alias:
+                _alias_overlay(src, dst)
+            else:
                 dst.symlink_to(src, target_is_directory=True)
 
     def _render(self, pipelines: list[dict[str, Any]]) -> Path:
@@ -417,6 +443,26 @@ class Ratio1Node:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _alias_overlay(src: Path, dst: Path) -> None:
+    """dst/: links to src's entries, business/ a real folder of links to src/business's entries, and the
+    alias module at upstream's path (extensions is a namespace package: no __init__ files to add)."""
+    dst.mkdir(parents=True)
+    (dst / OVERLAY_MARK).write_text("built by edgellm ratio1-node; rebuilt on each start\n")
+    business_rel = ALIAS_PATH.parts[1]  # "business"
+    for entry in src.iterdir():
+        if entry.name != business_rel:
+            (dst / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    business = dst / business_rel
+    business.mkdir()
+    alias_folder = ALIAS_PATH.parts[2]
+    for entry in (src / business_rel).iterdir():
+        if entry.name == alias_folder:  # a checkout's own copy of that folder: the alias replaces it
+            continue
+        (business / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    (business / alias_folder).mkdir()
+    (dst.parent / ALIAS_PATH).write_text(ALIAS_MODULE, encoding="utf-8")
 
 
 def _signal_group(pgid: int, sig: int) -> None:

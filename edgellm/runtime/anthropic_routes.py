@@ -57,7 +57,7 @@ def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
     async def parse(request: Request, *, count: bool):
         owner = authenticate(service, request, api_key_header=API_KEY_HEADER)  # before a byte of the body
         body = await read_json_body(request, max_body_bytes)
-        translated, opts, origins = ac.to_openai(body, service.model_name, count=count)
+        translated, opts, origins = ac.to_openai(body, service.config.model_ids(), count=count)
         try:
             chat, _ = await service.parse_openai(translated)
         except EdgeLLMError as exc:
@@ -77,11 +77,11 @@ def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
                     final = await _final_unless_disconnected(service, request, key, outputs, chat.timeout)
                 except ClientGone:
                     return Response(status_code=499)  # nobody reads it
-                outcome = outcome_of(final, service.model_name, public_id(key))
+                outcome = outcome_of(final, chat.model or service.model_name, public_id(key))
                 result = outcome.result_or_raise(public_id(key))
                 return ac.message_body(
                     public_id(key),
-                    service.model_name,
+                    chat.model or service.model_name,
                     result["FULL_OUTPUT"][0],
                     by_stop_string=final.stop_cause is StopCause.STOP_STRING,
                     stop_sequences=opts.stop_sequences,
@@ -92,7 +92,7 @@ def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
         except EdgeLLMError as exc:
             return error_response(exc)
         return StreamingResponse(
-            _events(service, key, first, outputs, opts),
+            _events(service, key, first, outputs, opts, chat.model or service.model_name),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -138,9 +138,10 @@ async def _events(
     first: RequestOutput,
     outputs: AsyncGenerator[RequestOutput, None],
     opts: ac.MessagesOptions,
+    model: str,
 ) -> AsyncIterator[str]:
     """The Anthropic SSE events of one streamed request; a client that goes away aborts it."""
-    events = ac.StreamEvents(public_id(key), service.model_name, opts.stop_sequences)
+    events = ac.StreamEvents(public_id(key), model, opts.stop_sequences)
     done = False
     try:
         for name, data in events.start(first.prompt_tokens):

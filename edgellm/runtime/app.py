@@ -18,6 +18,7 @@ from edgellm import __version__
 from edgellm.api.auth import Authenticator
 from edgellm.api.body_schema import openapi_components
 from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
+from edgellm.api.model_routes import ModelRoute
 from edgellm.api.openai_compat import error_body
 from edgellm.api.registry import Registry
 from edgellm.api.request_state import public_id
@@ -30,12 +31,15 @@ from edgellm.runtime.board import BoardTelemetry
 from edgellm.runtime.completions_routes import add_completions_routes
 from edgellm.runtime.console_routes import add_console_routes
 from edgellm.runtime.cors import Cors
+from edgellm.runtime.energy import EnergyMeter
 from edgellm.runtime.engine_task_routes import add_engine_task_routes
 from edgellm.runtime.gpu_memory import gpu_memory
 from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_body
 from edgellm.runtime.http_common import authenticate as authenticate_request
 from edgellm.runtime.http_guard import CountResponses, Drain, GuardConfig, HttpGuard, remember_request_id
 from edgellm.runtime.ipc import WorkerConfig
+from edgellm.runtime.memory_pressure import MemoryPressure, Thresholds, trim_heap
+from edgellm.runtime.model_switch import ModelSwitch
 from edgellm.runtime.openai_routes import add_openai_routes
 from edgellm.runtime.process_memory import process_memory
 from edgellm.runtime.prometheus import prometheus_text
@@ -63,6 +67,7 @@ def service_config(settings: Settings) -> ServiceConfig:
     """The service's limits and model name from the node's settings (`batch-run --local` uses them too)."""
     return ServiceConfig(
         model_name=settings.served_model_name(),
+        models=tuple(ModelRoute(m.id, m.lora_path, m.lora_scale) for m in settings.models),
         default_timeout_s=settings.request_timeout,
         max_timeout_s=settings.max_request_timeout,
         max_queued=settings.max_queued,
@@ -83,9 +88,28 @@ def worker_config(settings: Settings, model: ModelConfig | None = None) -> Worke
         model=model or settings.model(),
         max_waiting=settings.max_queued,
         log_level=settings.log_level,
+        board_root=settings.board_root,  # the worker's energy meter (per-request energy_j)
+        energy_interval_s=settings.energy_sample_interval_s,
         force_gpu_failure=settings.force_gpu_failure,
         force_gpu_context_failure=settings.force_gpu_context_failure,
     )
+
+
+def memory_pressure(settings: Settings) -> MemoryPressure | None:
+    """The memory-pressure gate the settings ask for; None when every threshold is 0 (no reader thread)."""
+    limits = Thresholds(
+        min_available_mib=settings.memory_pressure_min_available_mib,
+        critical_mib=settings.memory_pressure_critical_mib,
+        psi_full_avg10=settings.memory_pressure_psi_full_avg10,
+        psi_critical_full_avg10=settings.memory_pressure_psi_critical_full_avg10,
+    )
+    if not limits.enabled:
+        return None
+    gate = MemoryPressure(limits, settings.memory_pressure_root, settings.memory_pressure_interval_s)
+    # What this process can give back. With a model switch (several models, or idle_unload_s) the idle
+    # model's worker is unloaded too (added in lifespan); a lone worker has no reload path to shed by.
+    gate.on_critical.append(trim_heap)
+    return gate
 
 
 def create_app(
@@ -105,19 +129,33 @@ def create_app(
     as each attempt to start (or restart) the engine begins, a status line and the most seconds it
     and the wait after it can take (serve extends systemd's start timeout with them)."""
     # First: a model that does not fit the memory budget stops the node before it opens anything.
-    model_config = settings.model()
+    # Every model of `models:` is checked (file, memory plan) now, not at its first request.
+    served = [(entry, s, s.model()) for entry, s in settings.served_models()]
+    model_config = served[0][2]
     # The boot id marks the rows this process accepts: pending rows of other boots are what to recover.
     registry = Registry(
         Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
     )
-    service = Service(service_config(settings), registry, Authenticator(settings.tokens))
+    auth = Authenticator(settings.tokens, rate_limit_per_minute=settings.rate_limit_per_minute)
+    service = Service(service_config(settings), registry, auth)
     service.board = BoardTelemetry(settings.board_root)
-    service.memory_plan = settings.memory_report()
+    # The board's input energy since start (/metrics edgellm_energy_joules_total); per-request energy is
+    # the worker's meter (WorkerConfig.board_root). No power monitor: None, and no energy series.
+    energy = EnergyMeter(settings.board_root, settings.energy_sample_interval_s)
+    service.energy = energy if energy.available else None
+    service.memory_plan = served[0][1].memory_report()  # the default model's plan
+    pressure = memory_pressure(settings)
+    service.pressure = pressure
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
     worker = worker_config(settings, model_config)
+    # Several models, or one that idles out: the one worker changes what it runs (runtime/model_switch.py).
+    switched = {
+        (entry.id if entry else service.model_name): worker_config(s, config) for entry, s, config in served
+    }
+    use_switch = bool(settings.models) or settings.idle_unload_s > 0
 
-    async def start_engine(engine: WorkerEngine) -> None:
+    async def start_engine(engine: WorkerEngine | ModelSwitch) -> None:
         try:
             await asyncio.to_thread(engine.start)
         except Exception as exc:  # a bug included: the node must not sit at 503 without a word
@@ -168,11 +206,24 @@ def create_app(
             on_start_attempt=on_start_attempt,
             on_failed=on_failed,  # from the reader thread, when the restarts after a crash gave up
         )
-        service.bind(engine, asyncio.get_running_loop())
+        client = (
+            ModelSwitch(
+                engine, switched, idle_unload_s=settings.idle_unload_s, switch_after_s=settings.model_switch_after_s
+            )
+            if use_switch
+            else engine
+        )
+        if pressure is not None and isinstance(client, ModelSwitch):
+            pressure.on_critical.append(client.shed_idle)  # an idle model's worker goes first
+        service.bind(client, asyncio.get_running_loop())
         drain.bind(asyncio.get_running_loop())
+        if service.energy is not None:
+            energy.start()
+        if pressure is not None:
+            pressure.start()  # reads once before the first request, then on its own thread
         # Before the engine admits anything: recovered work is sent to the worker ahead of new work.
         await asyncio.to_thread(service.recover)
-        tasks = [asyncio.create_task(start_engine(engine)), asyncio.create_task(registry_upkeep())]
+        tasks = [asyncio.create_task(start_engine(client)), asyncio.create_task(registry_upkeep())]
         try:
             yield
         finally:
@@ -180,7 +231,10 @@ def create_app(
                 on_stop(service)
             for t in tasks:
                 t.cancel()
-            await asyncio.to_thread(engine.close)
+            await asyncio.to_thread(client.close)
+            energy.stop()
+            if pressure is not None:
+                pressure.stop()
             registry.close()
 
     # No /docs or /redoc: their pages load JavaScript from a CDN, useless on an offline device.

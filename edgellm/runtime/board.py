@@ -30,6 +30,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,50 +143,79 @@ def read_temperatures(root: Path) -> dict[str, float]:
     return temperatures
 
 
-def _hwmon_rails(hwmon_dir: Path) -> Iterator[tuple[str, float]]:
+@dataclass(frozen=True)
+class RailSource:
+    """Where one INA3221 channel's reading lives: the driver's own power file (IIO), else voltage x current.
+
+    Resolved once (`rail_sources`) so that a caller reading often (runtime/energy.py, ~10 times a second)
+    reads two or three small files per sample instead of walking the driver tree each time.
+    """
+
+    label: str
+    millivolts: Path | None = None
+    milliamps: Path | None = None
+    milliwatts: Path | None = None  # the ina3221x IIO driver computes the power itself
+
+    def read_mw(self) -> float | None:
+        if self.milliwatts is not None:
+            milliwatts = _read_int(self.milliwatts)
+            if milliwatts is not None:
+                return float(milliwatts)
+        if self.millivolts is None or self.milliamps is None:
+            return None
+        millivolts = _read_int(self.millivolts)
+        milliamps = _read_int(self.milliamps)
+        if millivolts is None or milliamps is None:
+            return None
+        return millivolts * milliamps / 1000
+
+
+def _hwmon_sources(hwmon_dir: Path) -> Iterator[RailSource]:
     """The mainline ina3221 driver: channels 1..3, bus voltage in mV and current in mA."""
     for channel in (1, 2, 3):
         label = _read_label(hwmon_dir / f"in{channel}_label")
-        millivolts = _read_int(hwmon_dir / f"in{channel}_input")
-        milliamps = _read_int(hwmon_dir / f"curr{channel}_input")
         # "NC": a channel wired to nothing (AGX Orin's second monitor).
-        if label is None or label == "NC" or millivolts is None or milliamps is None:
+        if label is None or label == "NC":
             continue
-        yield label, millivolts * milliamps / 1000
+        yield RailSource(label, hwmon_dir / f"in{channel}_input", hwmon_dir / f"curr{channel}_input")
 
 
-def _iio_rails(iio_dir: Path) -> Iterator[tuple[str, float]]:
+def _iio_sources(iio_dir: Path) -> Iterator[RailSource]:
     """NVIDIA's older ina3221x IIO driver: channels 0..2, with the power already computed by the driver."""
     for channel in (0, 1, 2):
         label = _read_label(iio_dir / f"rail_name_{channel}")
         if label is None:
             continue
-        milliwatts = _read_int(iio_dir / f"in_power{channel}_input")
-        if milliwatts is not None:
-            yield label, float(milliwatts)
-            continue
-        millivolts = _read_int(iio_dir / f"in_voltage{channel}_input")
-        milliamps = _read_int(iio_dir / f"in_current{channel}_input")
-        if millivolts is not None and milliamps is not None:
-            yield label, millivolts * milliamps / 1000
+        yield RailSource(
+            label,
+            iio_dir / f"in_voltage{channel}_input",
+            iio_dir / f"in_current{channel}_input",
+            iio_dir / f"in_power{channel}_input",
+        )
 
 
-def read_power_rails(root: Path) -> dict[str, float]:
-    """Rail label -> mW from every INA3221 found; the first reading of a label wins."""
-    rails: dict[str, float] = {}
+def rail_sources(root: Path) -> list[RailSource]:
+    """Every labelled INA3221 channel found, in driver, device and channel order (a label may repeat)."""
+    sources: list[RailSource] = []
     for driver_dir in INA3221_DRIVER_DIRS:
         # The driver directory also holds bind/unbind/uevent and a module link: keep only I2C device folders.
         for device_dir in _children(root / driver_dir):
             if not I2C_DEVICE_NAME.match(device_dir.name):
                 continue
-            readings: list[tuple[str, float]] = []
             for hwmon_dir in _children(device_dir / "hwmon"):
-                readings.extend(_hwmon_rails(hwmon_dir))
+                sources.extend(_hwmon_sources(hwmon_dir))
             for iio_dir in _children(device_dir):
                 if iio_dir.name.startswith("iio:device"):
-                    readings.extend(_iio_rails(iio_dir))
-            for label, milliwatts in readings:
-                rails.setdefault(label, milliwatts)
+                    sources.extend(_iio_sources(iio_dir))
+    return sources
+
+
+def read_power_rails(root: Path) -> dict[str, float]:
+    """Rail label -> mW from every INA3221 found; the first reading of a label wins."""
+    rails: dict[str, float] = {}
+    for source in rail_sources(root):
+        if source.label not in rails and (milliwatts := source.read_mw()) is not None:
+            rails[source.label] = milliwatts
     return rails
 
 
@@ -203,6 +233,92 @@ def read_power_mode(root: Path) -> dict[str, Any]:
             mode["name"] = definition.group(2)
             break
     return mode
+
+
+CPU_DIR = "sys/devices/system/cpu"
+CPU_NAME = re.compile(r"^cpu\d+$")
+TRIP_TYPE_FILE = re.compile(r"^trip_point_(\d+)_type$")
+
+
+def _passive_trip_milli_c(zone_dir: Path) -> int | None:
+    """A zone's lowest "passive" trip point: where its governor starts lowering clocks (hot/critical come later)."""
+    trips = []
+    for entry in _children(zone_dir):
+        match = TRIP_TYPE_FILE.match(entry.name)
+        if match and _read_label(entry) == "passive":
+            milli_c = _read_int(zone_dir / f"trip_point_{match.group(1)}_temp")
+            if milli_c is not None and milli_c > 0:
+                trips.append(milli_c)
+    return min(trips) if trips else None
+
+
+def _hot_zones(root: Path) -> tuple[list[str], bool]:
+    """(zones at or above their passive trip point, whether any zone has one to compare with)."""
+    hot: list[str] = []
+    any_trip = False
+    for zone_dir in _children(root / THERMAL_DIR):
+        if not THERMAL_ZONE_NAME.match(zone_dir.name):
+            continue
+        zone_type = _read_label(zone_dir / "type")
+        if zone_type is None or zone_type.startswith(FAKE_ZONE_PREFIXES):
+            continue
+        trip = _passive_trip_milli_c(zone_dir)
+        milli_c = _read_int(zone_dir / "temp")
+        if trip is None or milli_c is None or milli_c == TEGRA_ZONE_OFFLINE_MILLI_C:
+            continue
+        any_trip = True
+        if milli_c >= trip:
+            hot.append(zone_type)
+    return hot, any_trip
+
+
+def _clocks_below_max(root: Path) -> tuple[list[str], bool]:
+    """(clocks running below their maximum, whether any clock could be compared): the GPU's devfreq
+    cur_freq against its max_freq, each CPU's scaling_cur_freq against its hardware cpuinfo_max_freq
+    (scaling_max_freq where that is missing)."""
+    below: list[str] = []
+    compared = False
+    devfreq = find_gpu_devfreq(root)
+    if devfreq is not None:
+        cur, top = _read_int(devfreq / "cur_freq"), _read_int(devfreq / "max_freq")
+        if cur is not None and top is not None and top > 0:
+            compared = True
+            if cur < top:
+                below.append("gpu")
+    for cpu_dir in _children(root / CPU_DIR):
+        if not CPU_NAME.match(cpu_dir.name):
+            continue
+        cpufreq = cpu_dir / "cpufreq"
+        cur = _read_int(cpufreq / "scaling_cur_freq")
+        top = _read_int(cpufreq / "cpuinfo_max_freq")
+        top = top if top is not None else _read_int(cpufreq / "scaling_max_freq")
+        if cur is not None and top is not None and top > 0:
+            compared = True
+            if cur < top:
+                below.append(cpu_dir.name)
+    return below, compared
+
+
+def read_throttling(root: Path) -> dict[str, Any]:
+    """Whether the board is thermally throttled, as one documented rule over plain sysfs files.
+
+    throttled = some thermal zone is at or above its lowest passive trip point (the temperature at which
+    the thermal governor starts lowering clocks) AND some clock runs below its maximum (GPU devfreq
+    cur_freq < max_freq, or a CPU's scaling_cur_freq < cpuinfo_max_freq).
+
+    What it does not claim: a cool board whose clocks are low is not throttled (the DVFS governor lowers
+    idle clocks, and nvpmodel's mode caps them by design; `power_mode` says which mode); and on a hot
+    board a clock below its max may be low for want of load rather than because of the heat. Hot with
+    every clock at its max is not throttled either. Returns {} (say nothing) when it cannot be decided:
+    no zone exposes a passive trip point, or no clock can be compared with its max.
+
+    {"throttled": bool, "hot_zones": [zone types], "below_max": ["gpu", "cpu0", ...]}
+    """
+    hot, any_trip = _hot_zones(root)
+    below, compared = _clocks_below_max(root)
+    if not any_trip or not compared:
+        return {}
+    return {"throttled": bool(hot and below), "hot_zones": hot, "below_max": below}
 
 
 SECTIONS: tuple[tuple[str, Callable[[Path], Any]], ...] = (
@@ -233,6 +349,8 @@ class BoardTelemetry:
         self._lock = threading.Lock()  # the metrics scrape and request handlers may read concurrently
         self._cached: dict[str, Any] | None = None
         self._read_at = 0.0
+        self._health: dict[str, Any] | None = None
+        self._health_at = 0.0
 
     def read(self) -> dict[str, Any]:
         """A JSON-friendly dict of what this board exposes; {} on a machine with none of it. Never raises."""
@@ -247,6 +365,31 @@ class BoardTelemetry:
     def samples(self) -> list[Sample]:
         """The /metrics gauges of the current reading."""
         return prometheus_samples(self.read())
+
+    def health(self) -> dict[str, Any]:
+        """What /health (and /status) say about how the board runs: the nvpmodel mode and the throttling
+        flag (read_throttling); {} when neither is known. Cached like read(), on its own clock, so a
+        /health poll does not pay for the whole reading."""
+        with self._lock:
+            now = self._clock()
+            if self._health is None or now - self._health_at >= self.min_interval_s:
+                self._health = self._collect_health()
+                self._health_at = now
+            return copy.deepcopy(self._health)
+
+    def _collect_health(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for key, reader in (("power_mode", read_power_mode), ("throttle", read_throttling)):
+            try:
+                value = reader(self.root)
+            except Exception:  # advisory, as in _collect
+                log.debug("board telemetry: %s unreadable under %s", key, self.root, exc_info=True)
+                continue
+            if value and key == "throttle":
+                data.update(value)  # "throttled", "hot_zones", "below_max" side by side with power_mode
+            elif value:
+                data[key] = value
+        return data
 
     def _collect(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
@@ -293,4 +436,4 @@ def prometheus_samples(data: Mapping[str, Any]) -> list[Sample]:
     return samples
 
 
-__all__ = ["BoardTelemetry", "prometheus_samples"]
+__all__ = ["BoardTelemetry", "RailSource", "prometheus_samples", "rail_sources", "read_throttling"]

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from edgellm.api import model_routes
 from edgellm.api.chat_request import ChatRequest
 from edgellm.api.completions_compat import (
     COMPLETION_BODY_SCHEMA,
@@ -59,15 +60,17 @@ def _error(exc: EdgeLLMError) -> JSONResponse:
 async def parse_completions(service: Service, body: Any) -> tuple[list[ChatRequest], CompletionOptions, list[str]]:
     """A /v1/completions body -> its requests (one per prompt), the response options and, with `echo`,
     each prompt's text (token prompts detokenized by the engine); every refusal a 400 before anything runs."""
-    info = (service.engine.info or {}) if service.engine is not None else {}
+    named = body.get("model") if isinstance(body, dict) else None
+    info = service.engine_info(named if any(r.id == named for r in service.config.routes()) else None)
     requests, opts = parse_completion_request(
         body,
-        service.model_name,
+        service.config.model_ids(),
         n_vocab=info.get("n_vocab"),
         infill=bool(info.get("infill")),
         max_prompts=max(1, min(MAX_PROMPTS, service.config.max_queued)),
         **service.config.limits(),
     )
+    requests = [model_routes.route(r, service.config.routes(), strict=True) for r in requests]
     await service.check_engine_limits(requests[0])  # the guide and logit_bias are the same for every prompt
     echoes: list[str] = []
     if opts.echo:
@@ -93,12 +96,12 @@ def add_completions_routes(app: FastAPI, service: Service, max_body_bytes: int) 
                     results = await _wait_all(service, request, keys, chats)
                 except ClientGone:
                     return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-                return completion_response(results, opts, service.model_name, echoes)
+                return completion_response(results, opts, chats[0].model or service.model_name, echoes)
             streams, firsts = await _first_outputs(service, keys)
         except EdgeLLMError as exc:
             return _error(exc)
         return StreamingResponse(
-            _events(service, keys, streams, firsts, opts, echoes),
+            _events(service, keys, streams, firsts, opts, echoes, chats[0].model or service.model_name),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -192,10 +195,11 @@ async def _events(
     firsts: list[RequestOutput],
     opts: CompletionOptions,
     echoes: list[str],
+    model: str,
 ) -> AsyncIterator[str]:
     """SSE chunks of every prompt's samples as they come (chunks of choices interleave; each names its
     index), then the usage (include_usage) and [DONE]."""
-    created, model = now(), service.model_name
+    created = now()
     request_id = public_id(keys[0])
     offsets: dict[int, int] = {}  # each choice's text so far (logprobs' text_offset)
     usages: list[dict[str, Any]] = []

@@ -74,24 +74,25 @@ TASK_TIMEOUT_S = 120.0  # tokenizer and template answers; embeddings get the nod
 
 
 def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) -> None:
-    def info() -> dict[str, Any]:
-        return (service.engine.info or {}) if service.engine is not None else {}
-
     @app.post("/v1/embeddings", openapi_extra=EMBEDDINGS_DOC)
     async def embeddings(request: Request):
         try:
             authenticate(service, request)
             body = await read_json_body(request, max_body_bytes)
+            named = body.get("model") if isinstance(body, dict) else None
+            routes = service.config.routes()
+            model = named if isinstance(named, str) and any(r.id == named for r in routes[1:]) else None
             call = parse_embeddings(
                 body,
-                service.model_name,
-                n_embd=int(info().get("n_embd") or 0),
+                service.config.model_ids(),
+                n_embd=int(service.engine_info(model).get("n_embd") or 0),
                 max_bytes=service.config.max_prompt_bytes,
             )
+            call.request.model = model  # a task for that model's worker (runtime/model_switch.py)
             out = await service.run_task(call.request, service.config.default_timeout_s)
         except EdgeLLMError as exc:
             return JSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
-        return embeddings_body(out.result["embeddings"], call, service.model_name, out.prompt_tokens)
+        return embeddings_body(out.result["embeddings"], call, model or service.model_name, out.prompt_tokens)
 
     @app.post("/tokenize", openapi_extra=TOKENIZE_DOC)
     async def tokenize(request: Request):

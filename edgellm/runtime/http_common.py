@@ -4,7 +4,8 @@ Reading a body: bounded while it streams (a chunked upload without Content-Lengt
 past `max_body_bytes`), parsed by the strict reader (edgellm/jsonsafe.py: nesting depth, huge
 integer literals, NaN/Infinity, duplicate keys are 400s); a client hanging up mid-body is one info
 line. Auth: the Authorization header is checked before the body is read; the body's `authorization`
-field only counts when no header token is sent.
+field only counts when no header token is sent. A POST whose caller auth has named is counted against
+that caller's per-minute budget (api/rate_limit.py).
 Responses: JSON that always encodes, even when a value holds a lone surrogate or a NaN.
 """
 
@@ -80,9 +81,22 @@ def authenticate(
     if api_key_header is not None and extract_token(header) is None:
         header = request.headers.get(api_key_header)
     if extract_token(header) is not None:
-        return service.auth.check(header)
+        return _admit(service, request, service.auth.check(header))
     body_token = body.get("authorization") if isinstance(body, dict) else None
-    return service.auth.check(body_token if isinstance(body_token, str) else None)
+    return _admit(service, request, service.auth.check(body_token if isinstance(body_token, str) else None))
+
+
+_RATE_COUNTED = "edgellm.rate_counted"
+
+
+def _admit(service: Service, request: Request, owner: str | None) -> str | None:
+    """Count a POST (the calls that make work) against its caller's per-minute budget, once per HTTP
+    request: a route may authenticate twice (the header first, then the body's field). GETs (status
+    polling, health, metrics, models) never count: an async client polls far more than it submits."""
+    if request.method == "POST" and not request.scope.get(_RATE_COUNTED):
+        request.scope[_RATE_COUNTED] = True
+        service.auth.limiter.hit(owner)  # RateLimited: 429 + Retry-After
+    return owner
 
 
 async def read_authenticated_body(service: Service, request: Request, limit: int) -> tuple[Any, str | None]:

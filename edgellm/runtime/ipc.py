@@ -70,6 +70,10 @@ class WorkerConfig:
     model: ModelConfig
     max_waiting: int = 64
     log_level: str = "INFO"
+    # Where the worker's energy meter reads the power rails (runtime/energy.py; settings.board_root), and
+    # how often; None: no meter, no energy fields in the timings.
+    board_root: str | None = None
+    energy_interval_s: float = 0.1
     # Test hooks, carried to the worker, which installs them in engine/test_hooks.py.
     force_gpu_failure: bool = False  # pretend the GPU load ran out of memory
     force_gpu_context_failure: bool = False  # pretend the GPU context did not fit

@@ -46,7 +46,7 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
             authenticate(service, request)
         except EdgeLLMError as exc:
             return _error(exc)
-        return models_body(service.model_name, service.started_at, service.media_info())
+        return models_body(service.model_name, service.started_at, service.media_info(), service.model_states())
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -71,7 +71,7 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
         except EdgeLLMError as exc:
             return _error(exc)
         return StreamingResponse(
-            _events(service, request_id, first, outputs, opts, chat.n),
+            _events(service, request_id, first, outputs, opts, chat.n, chat.model or service.model_name),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -91,10 +91,11 @@ async def _events(
     outputs: AsyncIterator[RequestOutput],
     opts: OpenAIOptions,
     n: int,
+    model: str,
 ) -> AsyncIterator[str]:
     """SSE chunks; with n > 1 samples, each chunk names its sample's index (chunks of samples interleave).
     `request_id` is the request's key (aborted by it); the chunks name the id its caller knows."""
-    created, model = now(), service.model_name
+    created = now()
     key, request_id = request_id, public_id(request_id)
     done = False
 

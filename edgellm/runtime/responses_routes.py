@@ -60,7 +60,7 @@ def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
         try:
             owner = authenticate(service, request)  # the header alone: no body read without it
             body = await read_json_body(request, max_body_bytes)
-            req = rc.parse_responses_request(body, service.model_name, max_messages=service.config.max_messages)
+            req = rc.parse_responses_request(body, service.config.model_ids(), max_messages=service.config.max_messages)
             earlier = None
             if req.previous_response_id is not None:
                 prev = await stored(rc.response_id(req.previous_response_id), owner, "previous_response_id")
@@ -139,7 +139,7 @@ async def _events(
                 break
             out = await anext(outputs)
         # The final object is the one GET answers: built from the result as the registry stores it.
-        outcome = outcome_of(out, service.model_name, public_id(key))
+        outcome = outcome_of(out, params.get("model") or service.model_name, public_id(key))
         status = outcome.status.value
         error_type = None if outcome.error_type is None else str(outcome.error_type)
         final = rc.StoredResponse(key, rid, status, meta, params, outcome.result, outcome.error, error_type)

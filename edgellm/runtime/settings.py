@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -42,6 +42,49 @@ BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class SettingsError(EdgeLLMError):
     error_type = "settings_error"
+
+
+# What a `models:` entry may set besides its files: the engine settings a model is sized and run with.
+MODEL_OVERRIDES = frozenset(
+    {
+        "n_ctx",
+        "n_slots",
+        "n_batch",
+        "n_threads",
+        "n_gpu_layers",
+        "flash_attn",
+        "kv_cache_type",
+        "memory_budget",
+        "speculative_decoding",
+        "embedding_model_path",
+        "embedding_ctx",
+        "prefix_cache",
+    }
+)
+
+
+class ServedModel(BaseModel):
+    """One entry of `models:` (runtime/model_switch.py): the id clients name, its GGUF and what goes with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+    model_path: str
+    mmproj_path: str | None = None
+    draft_model_path: str | None = None
+    # A GGUF LoRA adapter applied to every request for this id (the base model plus a fine-tune).
+    lora_path: str | None = None
+    lora_scale: float = Field(1.0, ge=-4.0, le=4.0)
+    overrides: dict[str, Any] = Field(default_factory=dict)  # MODEL_OVERRIDES keys
+
+    @field_validator("overrides")
+    @classmethod
+    def _known_overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - MODEL_OVERRIDES)
+        if unknown:
+            allowed = ", ".join(sorted(MODEL_OVERRIDES))
+            raise ValueError(f"unknown override(s) {', '.join(unknown)}; a model may set {allowed}")
+        return value
 
 
 def bundled_model_path() -> str | None:
@@ -113,6 +156,13 @@ class Settings(BaseSettings):
     # tokenizer: e.g. a smaller model of the same family) drafts instead of prompt lookup; the output
     # stays the same. In the memory plan. Needs speculative_decoding.
     draft_model_path: str | None = None
+    # Several models, one loaded at a time (runtime/model_switch.py): requests name one by `model`; the
+    # first is the default. When set, model_path/mmproj_path/draft_model_path above are not used.
+    models: list[ServedModel] = Field(default_factory=list)
+    idle_unload_s: float = Field(0.0, ge=0)  # unload a model after this long without work (0 = never)
+    # While the loaded model has work, requests for another wait at most this long before it is drained
+    # and the other loaded (0: at once); an idle worker switches at once.
+    model_switch_after_s: float = Field(5.0, ge=0, le=3600)
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
@@ -126,6 +176,9 @@ class Settings(BaseSettings):
     max_request_timeout: float = Field(3600.0, gt=0)
     request_ttl: float = Field(7200.0, gt=0, description="seconds a finished request stays queryable")
     max_queued: int = Field(64, ge=1, description="requests in flight (queued + generating) before 429")
+    # Per caller (token owner; all anonymous callers share one budget): POST calls per calendar minute
+    # before 429 + Retry-After (api/rate_limit.py, upstream's RATE_LIMIT_PER_MINUTE). 0 = no limit.
+    rate_limit_per_minute: int = Field(0, ge=0)
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_messages: int = Field(512, ge=1, description="messages per request before a 400")
     max_prompt_bytes: int = Field(262_144, ge=1024, description="message content bytes (UTF-8, summed) before a 400")
@@ -150,6 +203,19 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Where board telemetry is read (sysfs, /proc/device-tree, nvpmodel files); tests point it at a fixture tree.
     board_root: str = "/"
+    # How often the energy meter (runtime/energy.py) samples the board's input power, where it has an INA3221.
+    energy_sample_interval_s: float = Field(0.1, ge=0.01, le=10.0)
+    # Memory pressure (runtime/memory_pressure.py): MemAvailable (or the cgroup limit's headroom, when
+    # tighter) and PSI read every memory_pressure_interval_s; below min_available_mib (or PSI full avg10
+    # above psi_full_avg10) new requests get 503 + Retry-After while in-flight ones finish; below
+    # critical_mib (or PSI above the critical one) the node also sheds what memory it can. 0 turns a
+    # threshold off (all 0: no reader).
+    memory_pressure_min_available_mib: int = Field(256, ge=0)
+    memory_pressure_critical_mib: int = Field(128, ge=0)
+    memory_pressure_psi_full_avg10: float = Field(10.0, ge=0, le=100)
+    memory_pressure_psi_critical_full_avg10: float = Field(40.0, ge=0, le=100)
+    memory_pressure_interval_s: float = Field(1.0, ge=0.05, le=60)
+    memory_pressure_root: str = "/"  # where proc/ and sys/fs/cgroup/ are read; tests: a fake tree
     # A worker that dies before it is warm is started again this many times in all, waiting
     # engine_start_backoff_s, then twice that...; after the last, `edgellm serve` exits non-zero.
     engine_start_attempts: int = Field(3, ge=1, le=20)
@@ -185,6 +251,14 @@ class Settings(BaseSettings):
             _check_batch_fits(self.n_batch, self.n_slots)
         return self
 
+    @field_validator("models")
+    @classmethod
+    def _model_ids_unique(cls, value: list[ServedModel]) -> list[ServedModel]:
+        ids = [m.id for m in value]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"models: ids must be unique ({', '.join(i for i in ids if ids.count(i) > 1)} repeat)")
+        return value
+
     @field_validator("memory_budget")
     @classmethod
     def _budget_is_a_size(cls, value: str | None) -> str | None:
@@ -202,6 +276,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"min_completion_tokens ({self.min_completion_tokens}) exceeds max_completion_tokens "
                 f"({self.max_completion_tokens})"
+            )
+        # Critical is the deeper state: with it above the refusing threshold, refusing could never be reached.
+        low, critical = self.memory_pressure_min_available_mib, self.memory_pressure_critical_mib
+        if low and critical and critical > low:
+            raise ValueError(
+                f"memory_pressure_critical_mib ({critical}) exceeds memory_pressure_min_available_mib ({low})"
+            )
+        psi, psi_critical = self.memory_pressure_psi_full_avg10, self.memory_pressure_psi_critical_full_avg10
+        if psi and psi_critical and psi_critical < psi:
+            raise ValueError(
+                f"memory_pressure_psi_critical_full_avg10 ({psi_critical}) is below memory_pressure_psi_full_avg10 "
+                f"({psi})"
             )
         return self
 
@@ -231,7 +317,7 @@ class Settings(BaseSettings):
         if not os.path.isfile(path):
             hint = ""
             if self.preset and self._model_from_preset:
-                hint = f" ({load_preset(self.preset).where_to_get()} and put it there, or set model_path)"
+                hint = f" ({load_preset(self.preset).where_to_get()}, or set model_path)"
             raise SettingsError(f"model file not found: {path}{hint}")
         return path
 
@@ -367,7 +453,32 @@ class Settings(BaseSettings):
         )
 
     def served_model_name(self) -> str:
+        if self.models:
+            return self.models[0].id
         return self.model_name or Path(self.resolved_model_path()).name
+
+    def served_models(self) -> list[tuple[ServedModel | None, Settings]]:
+        """Each model the node serves and the settings it runs with: the `models:` entries (each this
+        node's settings with its files and overrides), else the one model_path (entry None)."""
+        if not self.models:
+            return [(None, self)]
+        base = self.model_dump(exclude={"models", "preset"})
+        served = []
+        for entry in self.models:
+            data = {
+                **base,
+                "model_path": entry.model_path,
+                "mmproj_path": entry.mmproj_path,
+                "draft_model_path": entry.draft_model_path,
+                "model_name": entry.id,
+                **entry.overrides,
+            }
+            try:
+                settings = type(self).model_validate(data)  # validated as the file's own keys are
+            except ValueError as exc:  # pydantic ValidationError
+                raise SettingsError(f"models: {entry.id}: invalid settings: {exc}") from None
+            served.append((entry, settings))
+        return served
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":

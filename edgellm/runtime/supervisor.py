@@ -93,6 +93,7 @@ class EngineState(StrEnum):
     RESTARTING = "restarting"
     FAILED = "failed"
     STOPPED = "stopped"
+    UNLOADED = "unloaded"  # no worker on purpose (runtime/model_switch.py: idle, or between two models)
 
 
 class WorkerEngine:
@@ -151,6 +152,38 @@ class WorkerEngine:
         """Spawn the worker and block until it is warm. A worker that dies, fails or hangs before READY is
         started again, up to `start_attempts` in all, after start_backoff_s, then twice that...; after
         the last, the state is FAILED and EngineUnavailable says why."""
+        self._start_worker()
+        threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
+
+    def load(self, config: WorkerConfig) -> None:
+        """After unload(): a worker for `config` (another model, or the same after an idle unload), started
+        as start() does; what was submitted meanwhile is sent to it once it is READY."""
+        self.config = config
+        self._start_worker()
+
+    def unload(self, timeout_s: float = 30.0) -> None:
+        """Stop the worker on purpose (state UNLOADED), not as a crash: the caller has let its work drain.
+        Its process ends, so all of its memory goes back to the board; submit() keeps what comes meanwhile
+        for the next load()."""
+        with self._lock:
+            proc, conn = self._proc, self._conn
+            self._generation += 1  # its reader takes the pipe's end for an old worker's, not a crash
+            self._proc = self._conn = None
+            self.state, self.phase = EngineState.UNLOADED, None
+        if proc is None:
+            return
+        try:
+            with self._send_lock:
+                conn.send(ipc.Shutdown())
+        except (OSError, ValueError):
+            pass  # gone already: reaped below
+        proc.join(timeout_s)
+        self._reap(proc)
+        conn.close()
+        if proc.exitcode is not None:
+            proc.close()
+
+    def _start_worker(self) -> None:
         # The phase with the state, so /health never shows "starting" without one (it was None until
         # the first _spawn ran).
         self.state, self.phase = EngineState.STARTING, "start-up"
@@ -176,7 +209,6 @@ class WorkerEngine:
             except Exception as exc:  # a bug, not a worker's death: no retry, but never "starting" forever
                 self.state, self.last_error = EngineState.FAILED, f"{type(exc).__name__}: {exc}"
                 raise
-        threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
 
     def _tell_attempt(self, verb: str, backoff_s: float) -> None:
         """on_start_attempt for the attempt in self.attempt: 'starting the engine (attempt 2 of 3): <why

@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection
 
 from edgellm.engine import test_hooks
 from edgellm.engine.core import EngineCore
+from edgellm.runtime.energy import EnergyMeter
 from edgellm.runtime.ipc import Abort, Fatal, Outputs, Phase, Ping, Pong, Ready, Shutdown, Submit, WorkerConfig
 from edgellm.runtime.native_crash import crash_point, crash_point_from_file, stall_point
 
@@ -59,12 +60,19 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         info.slot_ctx,
         info.warmup_ms,
     )
+    # Started after the warm-up, so its self-test is no one's energy. In the worker, not the API process:
+    # only the scheduler knows which requests each decode step served, and how many tokens each.
+    meter = EnergyMeter(config.board_root, config.energy_interval_s) if config.board_root else None
+    if meter is not None and meter.available:
+        core.set_energy(meter.start().joules)
     conn.send(Ready(info))
     try:
         _serve(core, conn, parent)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         log.info("API process went away; worker exits")
     finally:
+        if meter is not None:
+            meter.stop()
         core.close()
 
 

@@ -4,7 +4,7 @@ Ratio1 serving process.
 The node finds it by name (file = AI_ENGINE lower-cased, class = the name without underscores), so
 a business plugin that sends upstream-style JEEVES_CONTENT payloads (upstream's own inference API
 plugin, or one of yours) only sets `"AI_ENGINE": "edgellm_llama_cpp"`, with the engine settings
-below in `STARTUP_AI_ENGINE_PARAMS`. edgellm's own LLM_INFERENCE_API does not use it: it runs the
+below in `STARTUP_AI_ENGINE_PARAMS`. edgellm's own EDGELLM_INFERENCE_API does not use it: it runs the
 engine in its own worker process, where batching continues across requests instead of per drain.
 Each predict call answers every payload the node
 drained, one answer per payload in input order (see edgellm/api/node_payloads.py); this class only

@@ -1,12 +1,19 @@
 """A real offline Ratio1 node (naeural-core in its own venv, a local mosquitto) serving this repo's
-LLM_INFERENCE_API plugin, driven through the node's HTTP ports.
+EDGELLM_INFERENCE_API plugin, driven through the node's HTTP ports.
 
 One node per module (`ratio1_node`), started by `edgellm.ratio1.launcher` (the code behind
-`edgellm ratio1-node`), with four instances of the plugin in one Loopback pipeline:
+`edgellm ratio1-node`), with these instances of the plugin in one Loopback pipeline:
 - wrapped: the default (WRAPPED, anonymous on loopback), N_SLOTS 4, N_CTX 4096;
 - raw: RESPONSE_FORMAT RAW with a short REQUEST_TTL_SECONDS (eviction of failed records);
 - auth: PREDEFINED_AUTH_TOKENS on loopback (auth is enforced even there);
-- broken: a MODEL_PATH that is not a GGUF (an engine failure answers at once).
+- broken: a MODEL_PATH that is not a GGUF (an engine failure answers at once);
+- unsafe: HOST 0.0.0.0 without a token (refused);
+and a second plugin entry under upstream's signature LLM_INFERENCE_API (the opt-in alias, which the
+launcher installs in the work dir) as a stock-node pipeline would write it:
+- upstream: the model as upstream names it (STARTUP_AI_ENGINE_PARAMS MODEL_NAME + MODEL_FILENAME, read
+  from a Hugging Face cache laid out in the work dir), MODEL_N_CTX, HOST 0.0.0.0 with two tokens (a
+  container's setup), RATE_LIMIT_PER_MINUTE;
+- not_pulled: a MODEL_FILENAME the cache does not hold (refused, saying how to fetch it).
 
 It needs the node venv: `make ratio1-setup` builds it and `make test` exports EDGELLM_RATIO1_PYTHON.
 Without it the tests fail (never skip): CI must run them.
@@ -67,6 +74,32 @@ def extra_pipelines(ports: dict[str, int], workdir: Path) -> list[dict]:
     return [synth]
 
 
+HF_REPO = "edgellm-test/SmolLM2-135M-Instruct-GGUF"
+HF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RATE_TOKENS = ("ratio1-rate-a-41c9", "ratio1-rate-b-7d20")
+RATE_LIMIT = 4
+
+
+def hf_cache_with_the_bundled_model(root: Path) -> Path:
+    """A Hugging Face hub cache (the layout huggingface_hub writes) holding the bundled GGUF as
+    HF_REPO/HF_FILE: refs/main -> a commit, snapshots/<commit>/FILE -> ../../blobs/<sha256>."""
+    import hashlib
+
+    from edgellm.runtime.settings import bundled_model_path
+
+    model = Path(bundled_model_path())
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    folder = root / ("models--" + HF_REPO.replace("/", "--"))
+    commit = "f" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "blobs").mkdir()
+    (folder / "blobs" / digest).symlink_to(model)  # no 98 MB copy: the blob is the bundled file
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / HF_FILE).symlink_to(f"../../blobs/{digest}")
+    return root
+
+
 def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
     small = {"N_SLOTS": 2, "N_CTX": 2048, "TUNNEL_ENGINE_ENABLED": False}
     return {
@@ -74,7 +107,7 @@ def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
         "TYPE": "Loopback",
         "PLUGINS": [
             {
-                "SIGNATURE": "LLM_INFERENCE_API",
+                "SIGNATURE": "EDGELLM_INFERENCE_API",
                 "INSTANCES": [
                     {"INSTANCE_ID": "wrapped", "PORT": ports["wrapped"], "N_SLOTS": 4, "N_CTX": 4096},
                     {
@@ -95,7 +128,35 @@ def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
                     # Anonymous on all interfaces: refused by the config check, answers 503 on loopback.
                     {"INSTANCE_ID": "unsafe", "PORT": ports["unsafe"], "HOST": "0.0.0.0"},
                 ],
-            }
+            },
+            {
+                # Upstream's signature: the opt-in alias, configured the way upstream's docs write it.
+                "SIGNATURE": "LLM_INFERENCE_API",
+                "INSTANCES": [
+                    {
+                        "INSTANCE_ID": "upstream",
+                        "PORT": ports["upstream"],
+                        "HOST": "0.0.0.0",
+                        "PREDEFINED_AUTH_TOKENS": list(RATE_TOKENS),
+                        "RATE_LIMIT_PER_MINUTE": RATE_LIMIT,
+                        "SEMAPHORE": "edgellm_it_api",
+                        "N_SLOTS": 1,
+                        "STARTUP_AI_ENGINE_PARAMS": {
+                            "HF_TOKEN": "<hf_token_if_needed>",
+                            "MODEL_NAME": HF_REPO,
+                            "MODEL_FILENAME": HF_FILE,
+                            "MODEL_N_CTX": 1024,
+                            "SERVER_COLLECTOR_TIMEDELTA": 360000,
+                        },
+                    },
+                    {
+                        "INSTANCE_ID": "not_pulled",
+                        "PORT": ports["not_pulled"],
+                        "MODEL_NAME": HF_REPO,
+                        "MODEL_FILENAME": "SmolLM2-135M-Instruct.Q8_0.gguf",
+                    },
+                ],
+            },
         ],
     }
 
@@ -129,7 +190,8 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
     workdir = tmp_path_factory.mktemp("ratio1-node")
     broken = workdir / "not-a-model.gguf"
     broken.write_bytes(b"this is not a GGUF file\n" * 64)
-    ports = {name: free_port() for name in ("wrapped", "raw", "auth", "broken", "unsafe")}
+    ports = {name: free_port() for name in ("wrapped", "raw", "auth", "broken", "unsafe", "upstream", "not_pulled")}
+    hf_cache = hf_cache_with_the_bundled_model(workdir / "hf-hub")
     node = WatchedRatio1Node(
         NodeOptions(
             python=python,
@@ -137,6 +199,7 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
             mqtt_port=free_port(),
             node_id="edgellm-it",
             pipelines=[api_pipeline(ports, broken), *extra_pipelines(ports, workdir)],
+            env={"HF_HUB_CACHE": str(hf_cache)},
             ready_timeout_s=240,
         )
     )
@@ -147,6 +210,8 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
         node.wait_http(by_id["auth"], timeout_s=120)
         node.wait_http(by_id["broken"], timeout_s=120, ok=(503,))
         node.wait_http(by_id["unsafe"], timeout_s=120, ok=(503,))
+        node.wait_http(by_id["upstream"], timeout_s=120)
+        node.wait_http(by_id["not_pulled"], timeout_s=120, ok=(503,))
         yield node
     finally:
         node.stop()
@@ -377,6 +442,65 @@ def test_an_unsafe_instance_config_is_refused_not_served(ratio1_node):
     if addr:  # the node's uvicorn bound loopback, not 0.0.0.0: another address of this machine does not answer
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://{addr}:{port}/health", timeout=5)
+
+
+# -- a stock-node pipeline: upstream's signature (the alias), model params, HOST 0.0.0.0, rate limit --
+def test_upstreams_signature_serves_the_hugging_face_model_it_names(ratio1_node):
+    """LLM_INFERENCE_API resolves to edgellm's plugin through the alias; MODEL_NAME + MODEL_FILENAME in
+    STARTUP_AI_ENGINE_PARAMS are read from the Hugging Face cache and reported under upstream's name;
+    HOST 0.0.0.0 with tokens serves (and asks for a token)."""
+    inst = next(i for i in ratio1_node.instances if i.instance_id == "upstream")
+    auth = {"Authorization": f"Bearer {RATE_TOKENS[1]}"}
+    with httpx.Client(base_url=inst.base_url, timeout=180) as c:
+        assert c.post("/predict", json=chat(max_tokens=16)).status_code == 401  # not on loopback: a token
+        models = c.get("/v1/models", headers=auth)
+        assert models.status_code == 200, models.text
+        assert [m["id"] for m in models.json()["data"]] == [f"{HF_REPO}/{HF_FILE}"]
+        r = c.post("/predict", json=chat("Say hi.", max_tokens=16, temperature=0), headers=auth)
+        assert r.status_code == 200, r.text
+        result = r.json()["result"]
+        assert result["MODEL_NAME"] == f"{HF_REPO}/{HF_FILE}" and text_of(result)
+        assert r.json()["ee_node_alias"] == "edgellm-it"  # the node's envelope: the plugin is ours
+    addr = outbound_address()
+    if addr:  # bound to every interface: this machine's other address answers too (a container's view)
+        assert httpx.get(f"http://{addr}:{inst.port}/health", timeout=10).status_code == 200
+    # SEMAPHORE pairing: the URL handed to consumers is one this instance answers on.
+    exported = re.compile(r"SEMAPHORE edgellm_it_api: exported API_URL=(http://[^\s\x1b]+)")  # before a color code
+    deadline = time.monotonic() + 60
+    while not (found := exported.search(ratio1_node.log_path.read_text(errors="replace"))):
+        assert time.monotonic() < deadline, "the SEMAPHORE export was not logged"
+        time.sleep(0.5)
+    url = found.group(1)
+    if addr:  # HOST 0.0.0.0: the machine's address, as upstream exports it
+        assert url == f"http://{addr}:{inst.port}"
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+
+
+def test_a_model_not_in_the_cache_is_refused_with_how_to_fetch_it(ratio1_node):
+    with httpx.Client(base_url=url_of(ratio1_node, "not_pulled"), timeout=30) as c:
+        r = c.post("/predict", json=chat(max_tokens=16))
+        assert r.status_code == 503
+        error = r.json()["result"]["error"]
+        assert f"edgellm pull hf://{HF_REPO}/SmolLM2-135M-Instruct.Q8_0.gguf" in error, error
+
+
+def test_rate_limit_per_minute_is_per_token_through_the_node(ratio1_node):
+    """RATE_LIMIT_PER_MINUTE through the node's uvicorn and IPC: 429 + Retry-After for the token past
+    its budget, the other token unaffected."""
+    into = time.time() % 60  # the budget is per calendar minute: do not straddle one
+    if into > 30:
+        time.sleep(60 - into + 0.5)
+    a = {"Authorization": f"Bearer {RATE_TOKENS[0]}"}
+    b = {"Authorization": f"Bearer {RATE_TOKENS[1]}"}
+    with httpx.Client(base_url=url_of(ratio1_node, "upstream"), timeout=180) as c:
+        for _ in range(RATE_LIMIT):
+            r = c.post("/predict_async", json=chat(max_tokens=16), headers=a)
+            assert r.status_code == 200, r.text
+        over = c.post("/predict_async", json=chat(max_tokens=16), headers=a)
+        assert over.status_code == 429, over.text
+        assert 1 <= int(over.headers["Retry-After"]) <= 60
+        assert over.json()["result"]["error_type"] == "rate_limited"
+        assert c.post("/predict_async", json=chat(max_tokens=16), headers=b).status_code == 200
 
 
 def test_a_body_over_the_limit_is_413(client):

@@ -1,4 +1,4 @@
-"""LLM_INFERENCE_API's pure parts, without naeural-core: config -> Settings, the node identity, the
+"""EDGELLM_INFERENCE_API's pure parts, without naeural-core: config -> Settings, the node identity, the
 ASGI bridge (lifespan, requests, failures) and the error replies. The plugin module itself imports
 naeural_core and is exercised by test_node_integration.py."""
 
@@ -13,14 +13,14 @@ from fastapi import FastAPI, Request
 from edgellm.api.envelope import NodeIdentity, ResponseMode
 from edgellm.errors import InvalidRequest
 from edgellm.runtime.settings import SettingsError
-from extensions.business.edge_inference_api.asgi_bridge import (
+from extensions.business.edgellm.asgi_bridge import (
     REPLY_MARK,
     AsgiAppRunner,
     HttpReply,
     HttpRequest,
     edgellm_error_reply,
 )
-from extensions.business.edge_inference_api.plugin_config import (
+from extensions.business.edgellm.plugin_config import (
     PLUGIN_DEFAULTS,
     node_identity,
     settings_from_config,
@@ -258,3 +258,188 @@ def test_a_factory_that_raises_is_an_error_reply_too():
         assert reply.status == 599 and reply.headers == [("x-error", "SettingsError")]
     finally:
         runner.stop(timeout_s=5)
+
+
+# -- upstream's serving params: MODEL_NAME + MODEL_FILENAME, MODEL_N_CTX, the ones refused -----------
+HF_REPO = "example-org/Tiny-GGUF"
+HF_FILE = "tiny.Q4_0.gguf"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+BLOB_SHA = "ab" * 32
+
+
+def fake_hf_cache(root, repo=HF_REPO, filename=HF_FILE, data=b"GGUF fake weights"):
+    """The layout huggingface_hub writes: refs/main -> a commit, snapshots/<commit>/FILE a relative link
+    to ../../blobs/<sha256>."""
+    folder = root / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(COMMIT)
+    (folder / "blobs").mkdir()
+    (folder / "blobs" / BLOB_SHA).write_bytes(data)
+    snap = folder / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (snap / filename).symlink_to(f"../../blobs/{BLOB_SHA}")
+    return snap / filename
+
+
+def test_model_name_and_filename_resolve_in_the_local_hugging_face_cache(tmp_path, monkeypatch):
+    entry = fake_hf_cache(tmp_path / "hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    s = settings({"MODEL_NAME": HF_REPO, "MODEL_FILENAME": HF_FILE, "MODEL_N_CTX": 2048})
+    assert s.model_path == str(entry) and open(s.model_path, "rb").read() == b"GGUF fake weights"
+    assert s.model_name == f"{HF_REPO}/{HF_FILE}"  # upstream's served name for a repo + file
+    assert s.n_ctx == 2048
+    # The same params inside STARTUP_AI_ENGINE_PARAMS (where upstream's pipelines put them); HF_TOKEN
+    # changes nothing here (no download at run time) and is accepted.
+    nested = settings(
+        {"STARTUP_AI_ENGINE_PARAMS": {"MODEL_NAME": HF_REPO, "MODEL_FILENAME": HF_FILE, "HF_TOKEN": "hf_x"}}
+    )
+    assert nested.model_path == str(entry) and nested.model_name == f"{HF_REPO}/{HF_FILE}"
+
+
+def test_a_file_missing_from_the_cache_is_an_error_that_says_how_to_fetch_it(tmp_path, monkeypatch):
+    fake_hf_cache(tmp_path / "hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(SettingsError) as err:
+        settings({"MODEL_NAME": HF_REPO, "MODEL_FILENAME": "other.Q8_0.gguf"})
+    assert f"edgellm pull hf://{HF_REPO}/other.Q8_0.gguf" in err.value.message
+    assert str(tmp_path / "hub") in err.value.message and "nothing is downloaded" in err.value.message
+    with pytest.raises(SettingsError, match="not in the local Hugging Face cache"):
+        settings({"MODEL_NAME": "nobody/none", "MODEL_FILENAME": HF_FILE})
+    # A dangling snapshot link (a half-deleted cache) is missing too, not a crash.
+    (tmp_path / "hub" / ("models--" + HF_REPO.replace("/", "--")) / "blobs" / BLOB_SHA).unlink()
+    with pytest.raises(SettingsError, match="edgellm pull"):
+        settings({"MODEL_NAME": HF_REPO, "MODEL_FILENAME": HF_FILE})
+
+
+def test_model_name_alone_stays_the_served_name_unless_it_is_a_repo_id():
+    assert settings({"MODEL_NAME": "smollm2"}).model_name == "smollm2"
+    assert settings({"MODEL_NAME": "mine", "MODEL_PATH": "/m.gguf"}).model_name == "mine"
+    # With MODEL_PATH, the name is only a label (a repo-like one too): the model is the file.
+    assert settings({"MODEL_NAME": "org/name", "MODEL_PATH": "/m.gguf"}).model_path == "/m.gguf"
+    # A repo id and nothing to load it from would report that repo while serving the bundled model.
+    with pytest.raises(SettingsError, match="MODEL_FILENAME"):
+        settings({"MODEL_NAME": HF_REPO})
+    with pytest.raises(SettingsError, match="Hugging Face repo"):
+        settings({"MODEL_NAME": "no-slash", "MODEL_FILENAME": HF_FILE})
+    with pytest.raises(SettingsError, match="both set"):
+        settings({"MODEL_NAME": HF_REPO, "MODEL_FILENAME": HF_FILE, "MODEL_PATH": "/m.gguf"})
+    with pytest.raises(SettingsError, match="MODEL_FILENAME must be a file name"):
+        settings({"MODEL_NAME": HF_REPO, "MODEL_FILENAME": "../../etc/passwd"})
+
+
+def test_model_n_ctx_is_n_ctx_and_two_different_values_are_refused():
+    assert settings({"MODEL_N_CTX": 1024}).n_ctx == 1024
+    assert settings({"MODEL_N_CTX": 1024, "N_CTX": 1024}).n_ctx == 1024
+    with pytest.raises(SettingsError, match="N_CTX .* MODEL_N_CTX"):
+        settings({"MODEL_N_CTX": 1024, "N_CTX": 2048})
+    with pytest.raises(SettingsError, match="set twice"):
+        settings({"MODEL_N_CTX": 1024, "STARTUP_AI_ENGINE_PARAMS": {"MODEL_N_CTX": 2048}})
+    with pytest.raises(SettingsError, match="N_CTX"):  # edgellm's bounds, named by the plugin key
+        settings({"MODEL_N_CTX": 0})
+
+
+def test_upstream_params_we_cannot_honour_are_refused_by_name():
+    with pytest.raises(SettingsError) as err:
+        settings({"CHAT_FORMAT": "chatml", "DEFAULT_TEMPERATURE": 0.2})
+    assert "CHAT_FORMAT" in err.value.message and "DEFAULT_TEMPERATURE" in err.value.message
+    with pytest.raises(SettingsError, match="REQUEST_BALANCING_ENABLED"):
+        settings({"REQUEST_BALANCING_ENABLED": True})
+    with pytest.raises(SettingsError, match="STARTUP_AI_ENGINE_PARAMS.SOMETHING_ELSE"):
+        settings({"STARTUP_AI_ENGINE_PARAMS": {"SOMETHING_ELSE": 1}})
+    with pytest.raises(SettingsError, match="DRAFT_MODEL"):
+        settings({"STARTUP_AI_ENGINE_PARAMS": {"DRAFT_MODEL": "tiny.gguf"}})
+    # Unset (None), off (False) and the inert ones pass: they ask for nothing we do differently.
+    s = settings(
+        {
+            "CHAT_FORMAT": None,
+            "REQUEST_BALANCING_ENABLED": False,
+            "DETERMINISTIC_MODE": False,
+            "SAVE_PERIOD": 300,
+            "STARTUP_AI_ENGINE_PARAMS": {"SERVER_COLLECTOR_TIMEDELTA": 360000, "HF_TOKEN": None},
+        }
+    )
+    assert s.n_ctx == PLUGIN_DEFAULTS["N_CTX"]
+
+
+# -- RATE_LIMIT_PER_MINUTE -----------------------------------------------------------------------
+def test_rate_limit_key_and_upstreams_effective_default():
+    assert settings().rate_limit_per_minute == 0  # loopback, no tunnel: upstream applies no limit either
+    assert settings({"RATE_LIMIT_PER_MINUTE": 30}).rate_limit_per_minute == 30
+    tunnel = settings({"TUNNEL_ENGINE_ENABLED": True}, environ={"INFERENCE_API_TOKEN": "t"})
+    assert tunnel.rate_limit_per_minute == 5  # upstream's default, where upstream enforces it
+    off = settings({"TUNNEL_ENGINE_ENABLED": True, "RATE_LIMIT_PER_MINUTE": 0}, environ={"INFERENCE_API_TOKEN": "t"})
+    assert off.rate_limit_per_minute == 0
+    with pytest.raises(SettingsError, match="RATE_LIMIT_PER_MINUTE"):
+        settings({"RATE_LIMIT_PER_MINUTE": -1})
+
+
+def test_the_rate_limiter_counts_per_subject_per_calendar_minute():
+    from edgellm.api.rate_limit import RateLimited, RateLimiter
+
+    now = [120.0 * 60 + 10.0]  # 10 s into a minute
+    limiter = RateLimiter(2, clock=lambda: now[0])
+    limiter.hit("owner-a")
+    limiter.hit("owner-a")
+    with pytest.raises(RateLimited) as err:
+        limiter.hit("owner-a")
+    assert err.value.http_status == 429 and err.value.headers["Retry-After"] == "50"
+    assert limiter.remaining("owner-a") == 0
+    limiter.hit("owner-b")  # another subject: its own budget
+    limiter.hit(None)
+    limiter.hit("anonymous")  # None is the anonymous subject: one shared budget
+    with pytest.raises(RateLimited):
+        limiter.hit(None)
+    now[0] += 49.5  # 59.5 s into the minute: Retry-After rounds up, never 0
+    with pytest.raises(RateLimited) as err:
+        limiter.hit("owner-a")
+    assert err.value.headers["Retry-After"] == "1"
+    now[0] += 1.0  # the minute turned: every budget is whole again
+    assert limiter.remaining("owner-a") == 2
+    limiter.hit("owner-a")
+    limiter.hit("owner-a")
+    off = RateLimiter(0)
+    for _ in range(1000):
+        off.hit("x")
+    assert off.remaining("x") is None
+    with pytest.raises(ValueError):
+        RateLimiter(-1)
+
+
+# -- SEMAPHORE: the exported URL is one the instance listens on -------------------------------------
+def test_semaphore_env_exports_an_address_that_is_listened_on():
+    from extensions.business.edgellm.plugin_config import semaphore_env
+
+    assert semaphore_env("0.0.0.0", 15080, "10.1.2.3") == {
+        "API_HOST": "10.1.2.3",
+        "API_IP": "10.1.2.3",
+        "API_PORT": "15080",
+        "API_URL": "http://10.1.2.3:15080",
+    }
+    assert semaphore_env("127.0.0.1", 15080, "10.1.2.3")["API_URL"] == "http://127.0.0.1:15080"  # not the LAN IP
+    assert semaphore_env("192.168.7.9", 80, "10.1.2.3")["API_URL"] == "http://192.168.7.9:80"
+    assert semaphore_env("0.0.0.0", 15080, None)["API_URL"] == "http://127.0.0.1:15080"
+    assert semaphore_env("fd00::5", 15080, None)["API_URL"] == "http://[fd00::5]:15080"
+    assert "API_URL" not in semaphore_env("0.0.0.0", None, "10.1.2.3")
+
+
+# -- the opt-in LLM_INFERENCE_API alias -------------------------------------------------------------
+def test_install_copies_the_plugin_beside_upstreams_and_the_alias_is_opt_in(tmp_path):
+    from edgellm.ratio1.install import ALIAS_MARK, install
+
+    app = tmp_path / "edge_node"
+    upstream = app / "extensions" / "business" / "edge_inference_api" / "llm_inference_api.py"
+    upstream.parent.mkdir(parents=True)
+    upstream.write_text("class LLMInferenceApiPlugin: pass  # upstream's\n")
+    install(app)
+    ours = app / "extensions" / "business" / "edgellm" / "edgellm_inference_api.py"
+    assert ours.is_file() and (ours.parent / "plugin_config.py").is_file()
+    assert (ours.parent / "edgellm_main.py.j2").is_file()
+    assert "upstream's" in upstream.read_text()  # untouched: both plugins are there
+    install(app, take_over=True)
+    alias = upstream.read_text()
+    assert alias.startswith(ALIAS_MARK) and "class LlmInferenceApiPlugin(EdgellmInferenceApiPlugin)" in alias
+    assert "upstream's" in upstream.with_name("llm_inference_api.py.upstream").read_text()
+    install(app, take_over=True)  # again: the kept upstream file is not overwritten by the alias
+    assert "upstream's" in upstream.with_name("llm_inference_api.py.upstream").read_text()
+    install(app)  # without the flag: upstream's file is back
+    assert "upstream's" in upstream.read_text() and not upstream.with_name("llm_inference_api.py.upstream").exists()

