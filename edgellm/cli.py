@@ -24,7 +24,7 @@ def _int_or_auto(value: str) -> int | str:
 
 
 SERVE_FLAGS: list[tuple[str, Any, str]] = [
-    ("preset", str, "board preset: orin-nano, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb (configs/models/)"),
+    ("preset", str, "board preset: orin-nano, orin-nx-16gb, agx-orin-32gb, agx-orin-64gb, agx-thor (configs/models/)"),
     ("host", str, "address to bind (default 127.0.0.1)"),
     ("port", int, "port (default 8765)"),
     ("model-path", str, "GGUF file (default: the bundled SmolLM2-135M)"),

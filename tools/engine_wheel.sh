@@ -41,10 +41,15 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 log() { echo "engine_wheel: $*" >&2; }
 die() { log "$*"; exit 2; }
 
+thor_arch() {   # Jetson Thor: sm_110 for CUDA 13 (JetPack 7); the CUDA 12.8/12.9 previews called it sm_101
+    if "${CUDA_HOME}/bin/nvcc" --version 2>/dev/null | grep -q "release 12\."; then echo 101; else echo 110; fi
+}
+
 cuda_arch() {   # the Jetson board's CUDA architecture; nothing off a Jetson
     local model="" release=""
     [ -r "$DT_MODEL_FILE" ] && model="$(tr -d '\0' < "$DT_MODEL_FILE")"
     case "$model" in
+        *Thor*) thor_arch; return ;;
         *Orin*) echo 87; return ;;
         *Xavier*) echo 72; return ;;
         *TX2*) echo 62; return ;;
@@ -52,6 +57,7 @@ cuda_arch() {   # the Jetson board's CUDA architecture; nothing off a Jetson
     esac
     [ -r "$TEGRA_RELEASE_FILE" ] && release="$(cat "$TEGRA_RELEASE_FILE")"
     case "$release" in
+        *t264*|*"R38 "*) thor_arch ;;   # JetPack 7.0 (L4T R38) is Thor's; an Orin on R38 names itself above
         *t234*|*"R36 "*) echo 87 ;;
         *t194*) echo 72 ;;
         *t186*) echo 62 ;;

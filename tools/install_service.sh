@@ -13,7 +13,7 @@
 # otherwise it stops before changing anything, with the command to run.
 #
 # llama-cpp-python is built by tools/engine_wheel.sh with flags for this machine: on a Jetson (detected
-# from /proc/device-tree/model or /etc/nv_tegra_release) CUDA for the board's GPU (sm_87 Orin, sm_72
+# from /proc/device-tree/model or /etc/nv_tegra_release) CUDA for the board's GPU (sm_110 Thor, sm_87 Orin, sm_72
 # Xavier, sm_62 TX2, sm_53 Nano/TX1); with nvcc and an NVIDIA driver CUDA for that GPU; on x86 the AMX
 # kernels off (llama.cpp issue 20824); the wheel is kept by its flags and reused by later installs.
 # Versions of everything else come from requirements/constraints.txt.

@@ -72,7 +72,11 @@ class ModelSwitch:
         self.default = next(iter(models))
         self.idle_unload_s = idle_unload_s
         self.switch_after_s = switch_after_s
-        self.loaded: str | None = None  # the model the worker runs, or is loading
+        # The model the worker runs, or is loading: the default from the start, so that what is dispatched
+        # before start() (the registry's recovered requests) goes to the worker first, as with one model.
+        self.loaded: str | None = self.default
+        self.models[self.default].state = "loading"
+        engine.config = self.models[self.default].config
         self.switching_to: str | None = None  # decided: the loaded model's new requests wait
         self.switches = 0
         self._last_active = time.monotonic()
@@ -93,8 +97,6 @@ class ModelSwitch:
     def start(self) -> None:
         """Load the default model (blocking, as WorkerEngine.start), then watch for switches."""
         first = self.models[self.default]
-        self.engine.config = first.config
-        self.loaded, first.state = first.id, "loading"
         started = time.monotonic()
         try:
             self.engine.start()
@@ -215,15 +217,20 @@ class ModelSwitch:
                 if self._stopping:
                     return
                 now = time.monotonic()
-                target = self._next(now)
-                idle = target is None and self._idle_for(now)
+                current = self.models[self.loaded] if self.loaded else None
+                # Requests that waited for the model now loaded (dispatched while its first load ran)
+                stray = current is not None and current.state == "loaded" and bool(current.waiting)
+                target = None if stray else self._next(now)
+                idle = not stray and target is None and self._idle_for(now)
                 if target is not None:
                     self.switching_to = target
-                elif not idle:
+                elif not idle and not stray:
                     self._cond.wait(0.25)
                     continue
             try:
-                if target is not None:
+                if stray:
+                    self._flush(current)
+                elif target is not None:
                     self._switch(self.models[target])
                 else:
                     self._unload_idle()

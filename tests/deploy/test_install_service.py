@@ -46,6 +46,8 @@ NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     "dt_model,release,arch",
     [
         ("dt_model_orin_nano", None, "87"),
+        ("dt_model_agx_thor", None, "110"),  # no nvcc here: taken as CUDA 13 (JetPack 7)
+        (None, "nv_tegra_release_r38", "110"),
         ("dt_model_agx_xavier", None, "72"),
         ("dt_model_nano", None, "53"),
         (None, "nv_tegra_release_r36", "87"),
@@ -58,6 +60,17 @@ def test_cuda_arch_detection(dt_model, release, arch):
     assert env["DEVICE"] == "jetson" and env["CUDA_ARCH"] == arch
     assert env["CMAKE_ARGS"] == f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES={arch}"
     assert env["CUDACXX"].endswith("/bin/nvcc")
+
+
+def test_thor_with_a_cuda_12_toolkit_builds_for_its_old_name_sm_101(tmp_path):
+    """CUDA 12.8/12.9 named Thor's GPU sm_101, CUDA 13 (JetPack 7) sm_110. The nvcc is a stand-in script
+    printing CUDA 12.8's version line: no CUDA toolkit exists on the test machine."""
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    nvcc.chmod(0o755)
+    env = build_env("dt_model_agx_thor", None, CUDA_HOME=str(tmp_path / "cuda"))
+    assert env["CUDA_ARCH"] == "101" and env["CUDACXX"] == str(nvcc)
 
 
 def test_cpu_build_elsewhere():

@@ -15,18 +15,13 @@ from edgellm.api.metrics import ServiceMetrics
 from edgellm.engine.step_plan import StepPlan
 from edgellm.runtime.board import BoardTelemetry, read_throttling
 from edgellm.runtime.energy import EnergyMeter, power_sources
+from tests.runtime.test_board import board_copy
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "board"
 ORIN_HWMON = "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1"
 XAVIER_IIO = "sys/bus/i2c/drivers/ina3221x/7-0040/iio:device0"
 ORIN_GPU = "sys/class/devfreq/17000000.ga10b"
 THERMAL = "sys/devices/virtual/thermal"
-
-
-def board_copy(tmp_path: Path, name: str) -> Path:
-    root = tmp_path / name
-    shutil.copytree(FIXTURES / name, root)
-    return root
 
 
 def put(path: Path, text: str) -> None:

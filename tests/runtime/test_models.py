@@ -145,7 +145,8 @@ def test_idle_unload_returns_the_worker_and_the_next_request_loads_it_again(tmp_
                 "the idle unload",
             )
             assert engine["worker_pid"] is None and engine["loaded_model"] is None
-            assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)  # its memory went back with the process
+            # the worker process ends (its memory goes back with it) once it has had its Shutdown
+            _wait(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, "the worker's exit")
             assert c.get("/health").status_code == 200  # the node still takes work
             assert _models(c)["alpha"]["state"] == "unloaded"
             woken = _chat(c, "alpha")
@@ -178,7 +179,7 @@ def test_requests_waiting_for_an_unloaded_model_survive_a_node_restart(tmp_path,
     try:
         with node.client(timeout=60) as c:
             long = {"messages": MSG, "max_tokens": 300, "temperature": 0, "logit_bias": {"0": -100, "2": -100}}
-            c.post("/predict_async", json=long)
+            first = c.post("/predict_async", json=long).json()["result"]["request_id"]
             ids = [
                 c.post("/predict_async", json={"messages": MSG, "max_tokens": 16, "model": "beta"}).json()["result"][
                     "request_id"
@@ -195,5 +196,8 @@ def test_requests_waiting_for_an_unloaded_model_survive_a_node_restart(tmp_path,
                 done = _final(c, rid, 180)
                 assert done["status"] == "completed", done
                 assert done["result"]["MODEL_NAME"] == "beta"
+            # and the default model's request, recovered before the engine started, ran too
+            done = _final(c, first, 180)
+            assert done["status"] == "completed" and done["result"]["MODEL_NAME"] == "alpha", done
     finally:
         node.stop()

@@ -25,7 +25,7 @@ def no_preset_env(monkeypatch):
 
 def test_every_shipped_preset_loads_and_its_settings_are_valid():
     names = sorted(p.stem for p in SOURCE_DIR.glob("*.yaml"))
-    assert names == ["agx-orin-32gb", "agx-orin-64gb", "orin-nano", "orin-nx-16gb"]
+    assert names == ["agx-orin-32gb", "agx-orin-64gb", "agx-thor", "orin-nano", "orin-nx-16gb"]
     assert set(names) <= set(available())
     for name in names:
         preset = load_preset(name)

@@ -284,8 +284,9 @@ def test_a_bad_sha256_argument_is_exit_2():
 
 
 def test_the_shipped_presets_name_hub_files_and_every_part():
-    plans = {name: plan(name) for name in ("orin-nano", "orin-nx-16gb", "agx-orin-32gb", "agx-orin-64gb")}
-    assert [len(p.files) for p in plans.values()] == [1, 1, 2, 3]
+    names = ("orin-nano", "orin-nx-16gb", "agx-orin-32gb", "agx-orin-64gb", "agx-thor")
+    plans = {name: plan(name) for name in names}
+    assert [len(p.files) for p in plans.values()] == [1, 1, 2, 3, 5]
     big = plans["agx-orin-64gb"]
     assert big.files[2].url == (
         "https://huggingface.co/Qwen/Qwen2.5-14B-Instruct-GGUF/resolve/main/qwen2.5-14b-instruct-q4_k_m-00003-of-00003.gguf"
