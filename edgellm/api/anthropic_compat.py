@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgellm.api.display import kind_of, show, show_name
-from edgellm.api.openai_compat import ModelNotFound
+from edgellm.api.openai_compat import ModelNotFound, unserved
 from edgellm.errors import EdgeLLMError, InvalidRequest
 
 MESSAGES_FIELDS = frozenset(
@@ -108,10 +108,8 @@ def to_openai(
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model: a model name (string) is required", param="model")
-    served = (model_id,) if isinstance(model_id, str) else model_id
-    if model not in served:
-        names = ", ".join(f"'{m}'" for m in served)
-        raise ModelNotFound(f"model: '{show_name(model)}' does not exist; this server serves {names}")
+    if why := unserved(model, model_id):
+        raise ModelNotFound(f"model: {why}")
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidRequest(f"metadata must be an object, got {kind_of(metadata)}", param="metadata")

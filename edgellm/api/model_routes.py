@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgellm.api.chat_request import ChatRequest
-from edgellm.api.display import show_name
-from edgellm.api.openai_compat import ModelNotFound
+from edgellm.api.openai_compat import ModelNotFound, unserved
 
 
 @dataclass(frozen=True)
@@ -32,11 +31,7 @@ def route(request: ChatRequest, routes: tuple[ModelRoute, ...], *, strict: bool)
         return request
     if len(routes) == 1 and not strict:
         return request.model_copy(update={"model": None})
-    raise ModelNotFound(f"The model '{show_name(name)}' does not exist; this server serves {served_list(routes)}")
-
-
-def served_list(routes: tuple[ModelRoute, ...]) -> str:
-    return ", ".join(f"'{r.id}'" for r in routes)
+    raise ModelNotFound(f"The model {unserved(name, tuple(r.id for r in routes))}")
 
 
 def lora_of(model: str | None, routes: tuple[ModelRoute, ...]) -> ModelRoute:

@@ -84,11 +84,19 @@ def check_model(body: dict, model_id: str | tuple[str, ...]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
-    served = (model_id,) if isinstance(model_id, str) else model_id
-    if model not in served:
-        names = ", ".join(f"'{m}'" for m in served)
-        raise ModelNotFound(f"The model '{show_name(model)}' does not exist; this server serves {names}")
+    if why := unserved(model, model_id):
+        raise ModelNotFound(f"The model {why}")
     return model
+
+
+def unserved(model: str, model_id: str | tuple[str, ...]) -> str | None:
+    """Why `model` is refused ("'x' does not exist; this server serves 'a', 'b'"), None when the node
+    serves it: `model_id` is the one id, or the ids of the node's models. Every route's 404 says it so."""
+    served = (model_id,) if isinstance(model_id, str) else model_id
+    if model in served:
+        return None
+    names = ", ".join(f"'{m}'" for m in served)
+    return f"'{show_name(model)}' does not exist; this server serves {names}"
 
 
 def parse_openai_request(

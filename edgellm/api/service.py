@@ -232,6 +232,12 @@ class Service:
             await asyncio.to_thread(grammar_for, request.guide)
         check_vocabulary(request, self.engine_info(request.model).get("n_vocab"))
 
+    def named_model(self, body: Any) -> str | None:
+        """The non-default model a raw body's `model` names (None: the default, or an id it does not serve,
+        which its parser then refuses): whose limits a route checks before the request is parsed."""
+        name = body.get("model") if isinstance(body, dict) else None
+        return name if isinstance(name, str) and any(r.id == name for r in self.config.routes()[1:]) else None
+
     def model_states(self) -> list[dict[str, Any]] | None:
         """Each model's state (loaded, loading, unloaded, failed) when the node serves several; else None."""
         states = getattr(self.engine, "model_states", None)

@@ -178,9 +178,7 @@ class _Download:
         self.validator = meta.get("validator") if isinstance(meta.get("validator"), str) else None
         if isinstance(meta.get("total"), int) and self.total is None:
             self.total = meta["total"]
-        with open(self.part, "rb") as f:
-            while block := f.read(CHUNK):
-                self.hasher.update(block)
+        self.hasher = _hash_file(self.part)  # what arrives next continues this hash
         self.offset = size
         self.say(f"pull: resuming {self.remote.filename} at {_mib(size)}")
 
@@ -327,12 +325,17 @@ def _same_host(url: str, other: str) -> bool:
     return urlsplit(url).netloc == urlsplit(other).netloc
 
 
-def _sha256_of(path: Path) -> str:
+def _hash_file(path: Path) -> Any:
+    """The sha256 state after `path`'s bytes (hashlib.file_digest is 3.11+; JetPack 6 has 3.10)."""
     hasher = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
             hasher.update(block)
-    return hasher.hexdigest()
+    return hasher
+
+
+def _sha256_of(path: Path) -> str:
+    return _hash_file(path).hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:

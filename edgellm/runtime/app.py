@@ -131,7 +131,6 @@ def create_app(
     # First: a model that does not fit the memory budget stops the node before it opens anything.
     # Every model of `models:` is checked (file, memory plan) now, not at its first request.
     served = [(entry, s, s.model()) for entry, s in settings.served_models()]
-    model_config = served[0][2]
     # The boot id marks the rows this process accepts: pending rows of other boots are what to recover.
     registry = Registry(
         Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
@@ -148,11 +147,11 @@ def create_app(
     service.pressure = pressure
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
-    worker = worker_config(settings, model_config)
     # Several models, or one that idles out: the one worker changes what it runs (runtime/model_switch.py).
     switched = {
         (entry.id if entry else service.model_name): worker_config(s, config) for entry, s, config in served
     }
+    worker = next(iter(switched.values()))  # the default model's: what the worker starts with
     use_switch = bool(settings.models) or settings.idle_unload_s > 0
 
     async def start_engine(engine: WorkerEngine | ModelSwitch) -> None:

@@ -60,8 +60,7 @@ def _error(exc: EdgeLLMError) -> JSONResponse:
 async def parse_completions(service: Service, body: Any) -> tuple[list[ChatRequest], CompletionOptions, list[str]]:
     """A /v1/completions body -> its requests (one per prompt), the response options and, with `echo`,
     each prompt's text (token prompts detokenized by the engine); every refusal a 400 before anything runs."""
-    named = body.get("model") if isinstance(body, dict) else None
-    info = service.engine_info(named if any(r.id == named for r in service.config.routes()) else None)
+    info = service.engine_info(service.named_model(body))
     requests, opts = parse_completion_request(
         body,
         service.config.model_ids(),

@@ -79,9 +79,7 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
         try:
             authenticate(service, request)
             body = await read_json_body(request, max_body_bytes)
-            named = body.get("model") if isinstance(body, dict) else None
-            routes = service.config.routes()
-            model = named if isinstance(named, str) and any(r.id == named for r in routes[1:]) else None
+            model = service.named_model(body)
             call = parse_embeddings(
                 body,
                 service.config.model_ids(),

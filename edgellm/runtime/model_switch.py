@@ -125,21 +125,19 @@ class ModelSwitch:
             self._cond.notify_all()
 
     def abort(self, request_id: str) -> None:
+        if not self._drop_waiting(request_id):  # not waiting here: it is the worker's
+            self.engine.abort(request_id)
+            return
+        self.engine.on_output([EngineOutput.failure(request_id, "aborted while waiting for its model", "cancelled")])
+
+    def _drop_waiting(self, request_id: str) -> bool:
         with self._cond:
             for m in self.models.values():
                 for item in m.waiting:
                     if item[1] == request_id:
                         m.waiting.remove(item)
-                        break
-                else:
-                    continue
-                break
-            else:
-                item = None
-        if item is None:
-            self.engine.abort(request_id)
-            return
-        self.engine.on_output([EngineOutput.failure(request_id, "aborted while waiting for its model", "cancelled")])
+                        return True
+        return False
 
     def in_flight(self) -> int:
         with self._cond:

@@ -172,16 +172,25 @@ class WorkerEngine:
             self.state, self.phase = EngineState.UNLOADED, None
         if proc is None:
             return
-        try:
-            with self._send_lock:
-                conn.send(ipc.Shutdown())
-        except (OSError, ValueError):
-            pass  # gone already: reaped below
-        proc.join(timeout_s)
-        self._reap(proc)
-        conn.close()
+        self._shut_down(proc, conn, timeout_s)
         if proc.exitcode is not None:
             proc.close()
+
+    def _shut_down(self, proc: mp.process.BaseProcess, conn, timeout_s: float) -> None:
+        """Ask a worker to stop (Shutdown on its pipe), wait up to timeout_s, kill it if it does not end,
+        close its pipe (close() and unload())."""
+        if conn is not None:
+            try:
+                with self._send_lock:
+                    conn.send(ipc.Shutdown())
+            except (OSError, ValueError) as exc:  # gone already: the join below returns at once
+                log.warning("send to engine worker failed: %s", exc)
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        if conn is not None:
+            conn.close()
 
     def _start_worker(self) -> None:
         # The phase with the state, so /health never shows "starting" without one (it was None until
@@ -360,13 +369,7 @@ class WorkerEngine:
             starting.kill()  # a worker still loading has nothing to finish; _spawn reaps it
         if proc is None:
             return
-        self._send(ipc.Shutdown())
-        proc.join(timeout_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-        if conn is not None:
-            conn.close()
+        self._shut_down(proc, conn, timeout_s)
 
     @property
     def pid(self) -> int | None:
