@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Several models on one node (settings `models:`): what a switch costs and what idle unload gives back.
 
-One real node (`edgellm serve`) with two ids over two copies of the bundled GGUF, 1 worker at a time:
-  1. baseline: --requests requests for the loaded model from 4 clients (no switch): p50/p95 latency;
+A real node (`edgellm serve`) with two ids over two copies of the bundled GGUF, started twice in the same
+run: with max_loaded_models 1 (one loaded at a time: a switch unloads one worker and loads the other) and
+with max_loaded_models 0 (both stay loaded when their memory plans fit: a switch only drains). On each:
+  1. baseline: --requests requests for the default model from 4 clients (no switch): p50/p95 latency;
   2. mixed: the same number, alternating the two models from 4 clients (model_switch_after_s 1):
-     p50/p95 latency of each request, the number of switches, and each switch's cost as the node
+     p50/p95 latency of each request, the number of switches, and the last load's cost as the node
      measures it (unload + spawn + load + warm-up, `last_load_ms` in /v1/models);
-  3. idle unload: the RSS of the node's processes (API + worker) with the model loaded, then after
-     idle_unload_s (the worker gone), then the wake-up request's latency.
+  3. idle unload: the RSS of the node's processes (API + workers) with the model(s) loaded, then after
+     idle_unload_s (every worker gone), then the wake-up request's latency.
 
     python tools/bench_models.py [--requests 32] [--max-tokens 16] [--workdir DIR]
 """
@@ -20,7 +22,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,43 @@ def run(client: httpx.Client, models: list[str], max_tokens: int) -> list[float]
         return list(pool.map(lambda m: chat(client, m, max_tokens), models))
 
 
+LAYOUTS = (("one at a time", 1), ("both loaded", 0))
+
+
+def measure(folder: Path, config: dict, args: argparse.Namespace) -> dict:
+    proc, base = start(folder, config)
+    try:
+        with httpx.Client(base_url=base, timeout=300) as c:
+            chat(c, "alpha", args.max_tokens)  # warm
+            alone = run(c, ["alpha"] * args.requests, args.max_tokens)
+            before = c.get("/health").json()["result"]["engine"]["switches"]
+            mixed = run(c, ["alpha", "beta"] * (args.requests // 2), args.max_tokens)
+            states = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+            switches = c.get("/health").json()["result"]["engine"]["switches"] - before
+            loaded = rss_mib(proc.pid)
+            deadline = time.monotonic() + args.idle_unload_s + 30
+            while c.get("/health").json()["result"]["engine"]["resident_models"]:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the models were not unloaded")
+                time.sleep(0.2)
+            unloaded = rss_mib(proc.pid)
+            wake = chat(c, "alpha", args.max_tokens)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    loads = sum(s["loads"] for s in states.values())
+    return dict(
+        alone=alone,
+        mixed=mixed,
+        states=states,
+        switches=switches,
+        loads=loads,
+        loaded=loaded,
+        unloaded=unloaded,
+        wake=wake,
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=32)
@@ -126,36 +164,24 @@ def main() -> int:
             "model_switch_after_s": 1.0,
             "idle_unload_s": args.idle_unload_s,
         }
-        proc, base = start(folder, config)
-        try:
-            with httpx.Client(base_url=base, timeout=300) as c:
-                chat(c, "alpha", args.max_tokens)  # warm
-                alone = run(c, ["alpha"] * args.requests, args.max_tokens)
-                before = c.get("/health").json()["result"]["engine"]["switches"]
-                mixed = run(c, ["alpha", "beta"] * (args.requests // 2), args.max_tokens)
-                states = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
-                switches = c.get("/health").json()["result"]["engine"]["switches"] - before
-                loaded = rss_mib(proc.pid)
-                deadline = time.monotonic() + args.idle_unload_s + 30
-                while c.get("/health").json()["result"]["engine"]["worker_state"] != "unloaded":
-                    if time.monotonic() > deadline:
-                        raise SystemExit("the model was not unloaded")
-                    time.sleep(0.2)
-                unloaded = rss_mib(proc.pid)
-                wake = chat(c, "alpha", args.max_tokens)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+        results = {name: measure(folder, {**config, "max_loaded_models": n}, args) for name, n in LAYOUTS}
     print(f"{args.requests} requests, 4 clients, max_tokens {args.max_tokens}, bundled model x2")
-    print(f"one model:  p50 {pct(alone, 0.5):7.0f} ms  p95 {pct(alone, 0.95):7.0f} ms")
-    print(
-        f"two models: p50 {pct(mixed, 0.5):7.0f} ms  p95 {pct(mixed, 0.95):7.0f} ms  "
-        f"({switches} switches; p95 ratio {pct(mixed, 0.95) / pct(alone, 0.95):.1f}x)"
-    )
-    loads = ", ".join(f"{m} {s['last_load_ms']:.0f} ms" for m, s in states.items() if s.get("last_load_ms"))
-    print(f"a switch (unload + load + warm-up, last of each): {loads}")
-    print(f"RSS loaded {loaded:.0f} MiB -> idle-unloaded {unloaded:.0f} MiB; the wake-up request {wake:.0f} ms")
-    print(f"(median one-model latency {statistics.median(alone):.0f} ms)")
+    for name, r in results.items():
+        alone, mixed = r["alone"], r["mixed"]
+        print(f"[{name}]")
+        print(f"  one model:  p50 {pct(alone, 0.5):7.0f} ms  p95 {pct(alone, 0.95):7.0f} ms")
+        print(
+            f"  two models: p50 {pct(mixed, 0.5):7.0f} ms  p95 {pct(mixed, 0.95):7.0f} ms  "
+            f"({r['switches']} switches, {r['loads']} loads; p95 ratio {pct(mixed, 0.95) / pct(alone, 0.95):.1f}x)"
+        )
+        loads = ", ".join(f"{m} {s['last_load_ms']:.0f} ms" for m, s in r["states"].items() if s.get("last_load_ms"))
+        print(f"  last load of each (unload + load + warm-up): {loads}")
+        print(
+            f"  RSS loaded {r['loaded']:.0f} MiB -> idle-unloaded {r['unloaded']:.0f} MiB; "
+            f"the wake-up request {r['wake']:.0f} ms"
+        )
+    one, both = (results[name]["mixed"] for name, _ in LAYOUTS)
+    print(f"alternating p95, both loaded / one at a time: {pct(both, 0.95) / pct(one, 0.95):.2f}x")
     return 0
 
 

@@ -248,7 +248,8 @@ def models_body(
     model_id: str, created: float, media: dict[str, Any] | None = None, states: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The served model(s); `input_modalities` says what the default's content parts may carry, and with
-    several models (`states`) each says its `state` (loaded, loading, unloaded, failed) (edgellm fields)."""
+    several models (`states`) each says its `state` (loaded, loading, unloaded, failed) and whether it is the
+    `active` one (edgellm fields)."""
     modalities = ["text"] + [kind for kind in ("image", "audio") if (media or {}).get(VISION_KEYS[kind])]
     model = {"id": model_id, "object": "model", "created": int(created), "owned_by": "edgellm"}
     if not states:
@@ -256,6 +257,7 @@ def models_body(
     data = []
     for s in states:
         entry = {**model, "id": s["id"], "state": s["state"], "waiting": s["waiting"], "loads": s["loads"]}
+        entry["active"] = s.get("active", False)  # the loaded model that computes now (one at a time)
         entry["last_load_ms"] = s["last_load_ms"]  # unload + spawn + load + warm-up, as the switch timed it
         if s.get("last_error"):
             entry["last_error"] = s["last_error"]

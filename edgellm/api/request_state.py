@@ -56,6 +56,9 @@ class Delivery:
     streamed: bool = False  # deltas already left: a retry would repeat them
     sent: bool = True  # False until a worker has it (arrived during a (re)start, or the send failed)
     order: int = 0  # submission order: a restarted worker gets the work in flight in this order
+    # Which engine client holds it: with several models resident (runtime/model_switch.py) each model's
+    # worker resends, counts and fails only its own work after a crash.
+    worker: str = ""
 
 
 @dataclass
@@ -161,10 +164,10 @@ class RequestTable:
                     self.settle(o.request_id)
 
     # -- deliveries (the engine client's in-flight entries) -----------------------------------------
-    def track(self, request: EngineRequest, *, sent: bool) -> Delivery:
+    def track(self, request: EngineRequest, *, sent: bool, worker: str = "") -> Delivery:
         """The engine client took a request: it is in flight until `delivered()` (or dropped)."""
         with self.lock:
-            delivery = Delivery(request, sent=sent, order=next(self._order))
+            delivery = Delivery(request, sent=sent, order=next(self._order), worker=worker)
             self.open(request.request_id).delivery = delivery
             return delivery
 
@@ -172,13 +175,19 @@ class RequestTable:
         state = self._states.get(key)
         return state.delivery if state is not None else None
 
-    def deliveries(self) -> list[Delivery]:
-        """Everything in flight, in submission order."""
-        found = [s.delivery for s in self._all() if s.delivery is not None]
+    def deliveries(self, worker: str | None = None) -> list[Delivery]:
+        """Everything in flight (held by `worker` when given), in submission order."""
+        found = [
+            s.delivery
+            for s in self._all()
+            if s.delivery is not None and (worker is None or s.delivery.worker == worker)
+        ]
         return sorted(found, key=lambda d: d.order)
 
-    def in_delivery(self) -> int:
-        return sum(1 for s in self._all() if s.delivery is not None)
+    def in_delivery(self, worker: str | None = None) -> int:
+        return sum(
+            1 for s in self._all() if s.delivery is not None and (worker is None or s.delivery.worker == worker)
+        )
 
     def delivered(self, key: str) -> Delivery | None:
         """The request's final output arrived (or it was given up): it is no longer in flight."""
@@ -190,10 +199,10 @@ class RequestTable:
             self.settle(key)
             return delivery
 
-    def take_deliveries(self) -> list[Delivery]:
-        """Every delivery, removed (a worker that cannot come back fails them all)."""
+    def take_deliveries(self, worker: str | None = None) -> list[Delivery]:
+        """Every delivery (of `worker` when given), removed (a worker that cannot come back fails them all)."""
         with self.lock:
-            taken = self.deliveries()
+            taken = self.deliveries(worker)
             for d in taken:
                 self.delivered(d.request.request_id)
             return taken

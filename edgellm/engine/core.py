@@ -22,6 +22,7 @@ from itertools import islice
 
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.draft_model import DraftModel
+from edgellm.engine.guide_llguidance import clear_caches as clear_grammar_caches
 from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import attach_projector
@@ -201,6 +202,35 @@ class EngineCore:
         ready = (p.request.request_id for p in self.scheduler.waiting if p.ready and p.future.exception() is None)
         return tuple(dict.fromkeys([*busy, *islice(ready, idle)]))
 
+    # -- memory pressure ---------------------------------------------------------------------
+    def shed_memory(self) -> list[str]:
+        """Free what the engine makes again on demand, the model staying loaded (memory pressure is
+        critical: runtime/worker.py on the API's ShedMemory): the embedding context, the LoRA adapters no
+        slot runs under, the compiled-grammar caches, the prefix store's page cache. What was freed, in
+        words ([] when nothing was held).
+
+        Call it between steps, on the thread that steps the core: nothing freed here is then inside a
+        decode (the prepare pool only tokenizes and compiles, and holds none of these)."""
+        freed: list[str] = []
+        tasks = self.scheduler.tasks
+        # An embedding request still in progress would make the context again at once: it stays then.
+        if tasks.embedder is not None and not tasks.embeds:
+            n_ctx = tasks.embedder.n_ctx
+            tasks.embedder.close()
+            tasks.embedder = None  # Tasks._run makes a new one for the next embedding batch
+            freed.append(f"embedding context freed ({n_ctx} tokens)")
+        adapters = self.scheduler._adapters  # None until a request named an adapter
+        if adapters is not None and (n := adapters.drop_unused()):
+            freed.append(f"{_count(n, 'idle LoRA adapter')} freed")
+        if n := clear_grammar_caches():
+            freed.append(f"{_count(n, 'compiled grammar')} dropped")
+        store = self.scheduler.prefix_store
+        if store is not None:
+            files, size = store.drop_page_cache()
+            if files:
+                freed.append(f"prefix cache files ({files}, {size / (1 << 20):.0f} MiB) dropped from the page cache")
+        return freed
+
     # -- start-up ----------------------------------------------------------------------------
     def warm_up(self) -> EngineInfo:
         """The self-test (engine/self_test.py): several ~64-token prompts decoded together and sampled,
@@ -261,3 +291,7 @@ class EngineCore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

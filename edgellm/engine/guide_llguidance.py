@@ -416,6 +416,16 @@ def _walk_cached(kind: GuideKind, grammar: str) -> str | None:
     )
 
 
+def clear_caches() -> int:
+    """Drop the compiled-grammar cache and the walk results beside it (memory pressure): how many
+    compiled grammars were held. Each is rebuilt by the next request that needs it; a compile in progress
+    on the prepare pool finishes with its own result (lru_cache's clear is thread-safe)."""
+    held = _compile_cached.cache_info().currsize
+    _compile_cached.cache_clear()
+    _walk_cached.cache_clear()
+    return held
+
+
 class Guide:
     """One request's matcher: mask the next token, accept the sampled one."""
 

@@ -533,6 +533,19 @@ class AdapterCache:
         apply_adapters(model, [(handle, want[1])])
         self._active = want
 
+    def drop_unused(self) -> int:
+        """Free every adapter but the one active on the context (memory pressure): how many were freed.
+        An adapter applies to the whole context, so the active one is the only one a running slot can be
+        using; a later request naming a freed one loads it again from its file."""
+        model = self._model
+        if model is None or not getattr(model, "model", None):
+            return 0
+        keep = self._active[0] if self._active is not None else None
+        unused = [key for key in self._handles if key != keep]
+        for key in unused:
+            free_adapter(self._handles.pop(key))
+        return len(unused)
+
     def close(self) -> None:
         model, handles = self._model, self._handles
         self._handles, self._active = {}, None

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from edgellm.engine.gguf_header import read_metadata
 from edgellm.engine.shape import ModelShape
 
 MIB = 1024**2
@@ -33,9 +36,29 @@ CELL_ALIGN = 256
 
 AUTO_SLOTS = 4  # an edge board serves a few clients at once; more slots only thin each one's context
 # The node's own processes (API + engine worker: Python, FastAPI, numpy, tokenizer and grammar caches) measure
-# ~70 + ~50 MiB idle; 150 MiB leaves room for request state. The CUDA runtime, cuBLAS workspace and the OS
-# are covered by the share of MemAvailable that default_budget_bytes leaves outside the budget.
+# ~70 + ~50 MiB idle; 150 MiB leaves room for request state. The OS and other programs are covered by the
+# share of MemAvailable that default_budget_bytes leaves outside the budget; the CUDA runtime is planned for
+# on its own (cuda_bytes) when layers go to a GPU.
 DEFAULT_OVERHEAD_BYTES = 150 * MIB
+
+# What the CUDA runtime itself takes once llama.cpp offloads: the CUDA context (driver state plus the loaded
+# kernels of ggml-cuda), the cuBLAS handle and its workspace, and llama.cpp's CUDA memory pools (scratch for
+# dequantized weights and cuBLAS inputs, which grow to the largest batch). On a Jetson all of it comes out of
+# the same unified memory as the weights and the KV cache. Published figures for the context alone:
+#   - llama.cpp PR #23604 (ggml-org/llama.cpp, 2026-05): creating the primary context (cudaMemGetInfo)
+#     "permanently eats" 107 MiB on an RTX 4060 Ti (34 SMs) and 555 MiB on an RTX PRO 6000 Blackwell; the
+#     cost scales with the SM count;
+#   - pytorch/pytorch#107667 (2023-08, ptrblck): ~300 MB for the context with CUDA >= 11.7 lazy module
+#     loading, over 1000 MB before it; pytorch/pytorch#20532: 300-400 MB per process without lazy loading.
+# JetPack 6 ships CUDA 12.2+, where lazy loading is the default on Linux (NVIDIA developer forums, "How to
+# enable the CUDA's lazy module loading"), and an Orin has 4-16 SMs, so its context is at the small end; with
+# cuBLAS (its handle and a few MiB of workspace) and the pools, 300 MiB is a conservative default. The
+# setting cuda_context_mib sets it (0 leaves it out).
+DEFAULT_CUDA_CONTEXT_BYTES = 300 * MIB
+
+# Where the host shows a CUDA device without importing llama.cpp (the API process never does): a Jetson's
+# L4T release file (as runtime/gpu_memory.py reads it), or a discrete NVIDIA GPU's driver nodes.
+_CUDA_DEVICE_MARKERS = ("/etc/nv_tegra_release", "/dev/nvidia0", "/dev/nvhost-gpu", "/proc/driver/nvidia/gpus")
 
 # Compute buffer estimate (see compute_bytes): a 10 % margin plus a fixed 8 MiB for the small host-side
 # inputs (token ids, positions, output ids) and allocator alignment.
@@ -123,6 +146,10 @@ class MemoryPlan:
     # cache, one stream per slot of the target's slot size (draft_kv_bytes): see draft_bytes().
     draft_bytes: int = 0
     draft_kv_bytes: int = 0
+    # The CUDA runtime (context, cuBLAS, llama.cpp's pools: DEFAULT_CUDA_CONTEXT_BYTES), counted only when
+    # layers go to a GPU; and the multimodal projector (its weights and compute buffer: projector_bytes()).
+    cuda_bytes: int = 0
+    projector_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -134,6 +161,8 @@ class MemoryPlan:
             + self.embedding_bytes
             + self.draft_bytes
             + self.draft_kv_bytes
+            + self.cuda_bytes
+            + self.projector_bytes
         )
 
     @property
@@ -143,7 +172,15 @@ class MemoryPlan:
     @property
     def base_bytes(self) -> int:
         """Everything but the KV caches: what the model costs before any context."""
-        return self.weights_bytes + self.compute_bytes + self.overhead_bytes + self.embedding_bytes + self.draft_bytes
+        return (
+            self.weights_bytes
+            + self.compute_bytes
+            + self.overhead_bytes
+            + self.embedding_bytes
+            + self.draft_bytes
+            + self.cuda_bytes
+            + self.projector_bytes
+        )
 
     @property
     def slot_ctx(self) -> int:
@@ -164,6 +201,16 @@ class MemoryPlan:
                     else ""
                 )
                 + (f"the draft model ({_size(self.draft_bytes)}), " if self.draft_bytes else "")
+                + (
+                    f"the projector ({_size(self.projector_bytes)}: weights and compute buffer), "
+                    if self.projector_bytes
+                    else ""
+                )
+                + (
+                    f"the CUDA runtime ({_size(self.cuda_bytes)}: cuda_context_mib; n_gpu_layers 0 runs without it), "
+                    if self.cuda_bytes
+                    else ""
+                )
                 + f"and the runtime reserve ({_size(self.overhead_bytes)}) need "
                 f"{_size(self.base_bytes)} before any context, but {budget}; use a smaller model or quant, "
                 "or raise memory_budget"
@@ -178,11 +225,14 @@ class MemoryPlan:
             else f"n_ctx={self.n_ctx} over {self.n_slots} slot(s)"
         )
         draft_kv = f" (and {_size(self.draft_kv_bytes)} for the draft model's)" if self.draft_kv_bytes else ""
+        extras = [
+            name for name, n in (("the projector", self.projector_bytes), ("the CUDA runtime", self.cuda_bytes)) if n
+        ]
+        base_what = "weights, compute buffers, " + (", ".join(extras) + " and " if extras else "") + "runtime"
         return (
             f"{what} needs {_size(self.kv_bytes)} of {self.kv_type} KV cache{draft_kv} on top of "
             f"{_size(self.base_bytes)} "
-            f"for weights, compute buffers and runtime: {_size(self.total_bytes)} in all, but {budget}; "
-            + ", ".join(fixes)
+            f"for {base_what}: {_size(self.total_bytes)} in all, but {budget}; " + ", ".join(fixes)
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -194,6 +244,8 @@ class MemoryPlan:
             "overhead": self.overhead_bytes,
             "embedding": self.embedding_bytes,
             "draft": self.draft_bytes + self.draft_kv_bytes,
+            "cuda": self.cuda_bytes,
+            "projector": self.projector_bytes,
             "total": self.total_bytes,
             "budget": self.budget_bytes,
         }
@@ -234,6 +286,58 @@ def draft_bytes(draft: ModelShape, n_ctx: int, n_slots: int, n_batch: int) -> tu
     return draft.file_bytes + compute_bytes(draft, n_batch, n_slots, n_ctx), kv
 
 
+def cuda_device_present(markers: tuple[str, ...] = _CUDA_DEVICE_MARKERS) -> bool:
+    """Whether this host shows a CUDA device (a Jetson, or an NVIDIA GPU's driver), read from files only:
+    the API process plans memory without importing llama.cpp. A CPU-only llama.cpp build on such a host
+    is over-planned by cuda_bytes, never under-planned."""
+    return any(os.path.exists(m) for m in markers)
+
+
+# What a projector's graph holds per input token at its peak (f32 activations): the FFN (3 x n_ff: up,
+# gate/activation, down's input), the residual, norms, Q/K/V and attention output (~8 x n_embd); the
+# attention scores (n_head x n_tokens per token) come on top, as clip.cpp's encoder attends over all of them.
+# Audio encoders (Whisper-style) see one 30 s window: 1500 positions after the conv stem.
+_AUDIO_TOKENS = 1500
+
+
+def projector_bytes(path: str | Path | None) -> int:
+    """What the multimodal projector costs: its weights (the file, loaded whole) plus an estimate of its
+    compute buffer for one input at the projector's own size (clip.vision.image_size / patch_size, or one
+    audio window), read from the GGUF header. Dynamic-resolution projectors (Qwen2-VL tiling) may go above
+    it for large images; the estimate is for the nominal input. 0 when path is None."""
+    if path is None:
+        return 0
+    weights = Path(path).stat().st_size
+    compute = 0
+    for modality in ("vision", "audio"):
+        keys = {
+            "n_embd": f"clip.{modality}.embedding_length",
+            "n_ff": f"clip.{modality}.feed_forward_length",
+            "n_head": f"clip.{modality}.attention.head_count",
+            "image": f"clip.{modality}.image_size",
+            "patch": f"clip.{modality}.patch_size",
+        }
+        try:
+            meta = read_metadata(path, keys.values())
+        except (OSError, ValueError, struct.error):
+            return weights  # llama.cpp reports an unreadable file when it loads it
+        n_embd, n_ff, n_head = (_int(meta.get(keys[k])) for k in ("n_embd", "n_ff", "n_head"))
+        if not n_embd:
+            continue
+        image, patch = _int(meta.get(keys["image"])), _int(meta.get(keys["patch"]))
+        if modality == "vision":
+            tokens = (image // patch) ** 2 + 1 if image and patch else 1024
+        else:
+            tokens = _AUDIO_TOKENS
+        per_token = 3 * (n_ff or 4 * n_embd) + 8 * n_embd + max(1, n_head) * tokens
+        compute = max(compute, math.ceil(_F32 * tokens * per_token * _COMPUTE_MARGIN) + _COMPUTE_FIXED)
+    return weights + compute
+
+
+def _int(value: object) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def plan_memory(
     shape: ModelShape,
     *,
@@ -249,6 +353,8 @@ def plan_memory(
     embedding_ctx: int = 0,
     embedding_model: ModelShape | None = None,
     draft_model: ModelShape | None = None,
+    cuda_bytes: int = 0,
+    projector_bytes: int = 0,
 ) -> MemoryPlan:
     """The context and slot count to run with, and what they cost. Never raises for a plan that does not
     fit: the caller reads `fits` and refuses to start with `refusal()`.
@@ -258,6 +364,10 @@ def plan_memory(
     tokens each (llama.cpp pads every slot's share to 256 cells, so any other total would be padded past the
     budget), each slot at most min(n_ctx_train, max_slot_ctx); when even min_slot_ctx per slot does not fit,
     the plan reports that minimum with fits False. Explicit ints are kept as given.
+
+    cuda_bytes: the CUDA runtime, when layers go to a GPU (DEFAULT_CUDA_CONTEXT_BYTES; the caller decides
+    whether it applies); projector_bytes: the multimodal projector (projector_bytes()). Both come out of
+    the budget before the context is sized.
     """
     if budget_bytes <= 0:
         raise ValueError("budget_bytes must be positive")
@@ -289,6 +399,8 @@ def plan_memory(
             embedding_bytes=embedding,
             draft_bytes=draft,
             draft_kv_bytes=draft_kv,
+            cuda_bytes=cuda_bytes,
+            projector_bytes=projector_bytes,
         )
 
     slot_cap = max(CELL_ALIGN, _round_down(min(shape.n_ctx_train, max_slot_ctx), CELL_ALIGN))
@@ -377,6 +489,8 @@ def format_plan(plan: MemoryPlan, shape: ModelShape | None = None) -> str:
         ("runtime reserve", plan.overhead_bytes),
         ("embeddings (context, dedicated model)", plan.embedding_bytes),
         ("draft model (weights, buffers, KV)", plan.draft_bytes + plan.draft_kv_bytes),
+        ("projector (weights, compute buffer)", plan.projector_bytes),
+        ("CUDA runtime (context, cuBLAS, pools)", plan.cuda_bytes),
         ("total", plan.total_bytes),
         ("budget", plan.budget_bytes),
     ]
@@ -406,11 +520,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-slots", default="auto", help="parallel slots, or auto")
     parser.add_argument("--n-batch", type=int, default=512)
     parser.add_argument("--no-flash-attn", action="store_true", help="plan for attention without flash attention")
+    parser.add_argument("--mmproj", help="a multimodal projector GGUF to plan for")
+    parser.add_argument(
+        "--cuda-context-mib",
+        type=int,
+        help="the CUDA runtime's share when layers go to a GPU (default: 300 where a CUDA device shows, else 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
     try:
         budget = parse_size(args.budget) if args.budget else default_budget_bytes()
         shape = ModelShape.from_gguf(args.model)
+        if args.cuda_context_mib is not None:
+            cuda = max(0, args.cuda_context_mib) * MIB
+        else:
+            cuda = DEFAULT_CUDA_CONTEXT_BYTES if cuda_device_present() else 0
         plan = plan_memory(
             shape,
             budget_bytes=budget,
@@ -419,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
             kv_type=args.kv,
             n_batch=args.n_batch,
             flash_attn=not args.no_flash_attn,
+            cuda_bytes=cuda,
+            projector_bytes=projector_bytes(args.mmproj),
         )
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

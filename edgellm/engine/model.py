@@ -7,6 +7,7 @@ sequence ids. llama.cpp return codes become `EngineError` at this boundary.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ from edgellm.engine import test_hooks
 from edgellm.engine.chat_format import RESERVED_TEMPLATE_NAMES, ChatFormat
 from edgellm.engine.chat_format import detect as detect_chat_format
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.memory_plan import CELL_ALIGN, kv_cells
 from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,11 @@ class OffloadInfo:
     @property
     def device(self) -> str:
         return "gpu" if self.n_gpu_layers > 0 else "cpu"
+
+
+def _joined(offload: OffloadInfo, reason: str) -> str:
+    """A new fallback reason after any earlier one (a failed GPU load, then a context that did not fit)."""
+    return f"{offload.fallback_reason}; {reason}" if offload.fallback_reason else reason
 
 
 def default_threads() -> int:
@@ -93,6 +100,34 @@ def load_offloaded(
     else:
         fallback = None
     return _load_model(path, 0), 0, fallback
+
+
+# The smallest per-slot context the GPU ladder shrinks to (LlamaModel._context_on_gpu_or_cpu): below it a
+# slot no longer holds a useful chat turn, and the CPU with the configured shape serves better. A config
+# that asks for less per slot is never grown to it.
+LADDER_MIN_SLOT_CTX = 512
+
+
+def shrink_ladder(n_slots: int, slot_ctx: int, min_slot_ctx: int = LADDER_MIN_SLOT_CTX) -> list[tuple[int, int]]:
+    """The smaller shapes (slots, tokens per slot) to try, in order, after (n_slots, slot_ctx) did not fit
+    on the GPU: fewer slots first (halved down to 1, each keeping its context: a client's long prompt still
+    fits, it only waits longer for a slot), then less context in the last one (halved, on 256-cell steps as
+    llama.cpp allocates them, down to min_slot_ctx or the configured size when that is smaller)."""
+    shapes: list[tuple[int, int]] = []
+    slots = n_slots
+    while slots > 1:
+        slots //= 2
+        shapes.append((slots, slot_ctx))
+    floor = min(min_slot_ctx, slot_ctx)
+    ctx = slot_ctx
+    while ctx > floor:
+        ctx = max(floor, ctx // 2 // CELL_ALIGN * CELL_ALIGN)
+        shapes.append((slots, ctx))
+    return shapes
+
+
+def _shape(n_slots: int, slot_ctx: int) -> str:
+    return f"{n_slots}x{slot_ctx}"
 
 
 def slot_context(
@@ -278,7 +313,12 @@ class LlamaModel(Vocabulary):
         self.slot_ctx = config.n_ctx // config.n_slots
         if self.slot_ctx < 64:
             raise EngineError(f"n_ctx={config.n_ctx} leaves {self.slot_ctx} tokens per slot; need >= 64")
-        self.ctx = self._context_or_cpu_fallback(config, hooks.gpu_context_failure)
+        self.ctx = self._context_on_gpu_or_cpu(config, hooks)
+        if (self.n_slots, self.slot_ctx) != (config.n_slots, config.n_ctx // config.n_slots):
+            # The GPU held a smaller shape: whatever reads the config from here on (the scheduler's limits,
+            # its messages) sees the context actually made.
+            config = dataclasses.replace(config, n_slots=self.n_slots, n_ctx=self.n_slots * self.slot_ctx)
+            self.config = config
         self.memory = L.llama_get_memory(self.ctx)
         self.n_batch = config.n_batch
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
@@ -295,35 +335,70 @@ class LlamaModel(Vocabulary):
         n_layers = L.llama_model_n_layer(self.model)
         return OffloadInfo(bool(L.llama_supports_gpu_offload()), on_gpu, n_layers, fallback)
 
-    def _context_or_cpu_fallback(self, config: ModelConfig, force_failure: bool) -> ctypes.c_void_p:
-        """The context; when it cannot be made with layers on the GPU (its KV cache and compute buffers
-        did not fit next to the weights: shared memory on a Jetson), the model is reloaded on the CPU
-        and the context made there, as a failed GPU model load does. /health reports why."""
+    def _context_on_gpu_or_cpu(self, config: ModelConfig, hooks: test_hooks.FaultHooks) -> ctypes.c_void_p:
+        """The context. When it cannot be made with layers on the GPU (its KV cache and compute buffers did
+        not fit next to the weights: shared memory on a Jetson), smaller shapes are tried on the GPU first
+        (shrink_ladder: fewer slots, then less context per slot); only when none fits is the model reloaded
+        on the CPU and the context made there with the configured shape, as a failed GPU model load does.
+        n_slots / slot_ctx end as the shape made; the offload's fallback_reason (/health) says each step."""
+        wanted = (self.n_slots, self.slot_ctx)
         try:
-            if force_failure and self.offload.n_gpu_layers > 0:
-                raise EngineError("GPU context failure forced by EDGELLM_FORCE_GPU_CONTEXT_FAILURE (test hook)")
-            return self._new_context(config)
+            return self._gpu_context(hooks, *wanted)
         except EngineError as exc:
             if self.offload.n_gpu_layers == 0:
                 raise
-            reason = f"GPU context creation failed ({exc}); retried on CPU"
+            first_error = exc
+        failed = [wanted]
+        for n_slots, slot_ctx in shrink_ladder(*wanted):
+            try:
+                ctx = self._gpu_context(hooks, n_slots, slot_ctx)
+            except EngineError:
+                failed.append((n_slots, slot_ctx))
+                continue
+            self.n_slots, self.slot_ctx = n_slots, slot_ctx
+            reason = (
+                f"GPU context for {', '.join(_shape(*f) for f in failed)} did not fit ({first_error}); "
+                f"running {_shape(n_slots, slot_ctx)} on the GPU"
+            )
             log.warning("%s", reason)
-            L.llama_model_free(self.model)
-            self.model = _load_model(config.path, 0)
-            self.vocab = L.llama_model_get_vocab(self.model)
-            self.offload = OffloadInfo(self.offload.gpu_supported, 0, self.offload.n_layers, reason)
-            return self._new_context(config)
+            self.offload = dataclasses.replace(self.offload, fallback_reason=_joined(self.offload, reason))
+            return ctx
+        reason = (
+            f"GPU context creation failed for {', '.join(_shape(*f) for f in failed)} ({first_error}); "
+            f"retried on CPU with {_shape(*wanted)}"
+        )
+        log.warning("%s", reason)
+        L.llama_model_free(self.model)
+        self.model = _load_model(config.path, 0)
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.offload = OffloadInfo(self.offload.gpu_supported, 0, self.offload.n_layers, _joined(self.offload, reason))
+        return self._new_context(*wanted)
+
+    def _gpu_context(self, hooks: test_hooks.FaultHooks, n_slots: int, slot_ctx: int) -> ctypes.c_void_p:
+        """A context of this shape with the model as loaded; the test hooks stand in for a GPU that cannot
+        hold it (on a machine without one, where the allocation would never fail)."""
+        if self.offload.n_gpu_layers > 0:
+            if hooks.gpu_context_failure:
+                raise EngineError("GPU context failure forced by EDGELLM_FORCE_GPU_CONTEXT_FAILURE (test hook)")
+            cap = hooks.gpu_context_max_cells
+            cells = kv_cells(n_slots * slot_ctx, n_slots)
+            if cap is not None and cells > cap:
+                raise EngineError(
+                    f"{cells} KV cells over the {cap} the pretend GPU holds (gpu_context_max_cells test hook)"
+                )
+        return self._new_context(n_slots, slot_ctx)
 
     def _memory_can_drop_suffix(self) -> bool:
         """Prefix KV reuse keeps positions [0, n) and drops the rest; recurrent state (Mamba, RWKV,
         hybrids) and sliding-window attention cannot do that reliably, so they re-process prompts."""
         return can_drop_suffix(self.model)
 
-    def _new_context(self, config: ModelConfig) -> ctypes.c_void_p:
+    def _new_context(self, n_slots: int, slot_ctx: int) -> ctypes.c_void_p:
+        config = self.config
         return slot_context(
             self.model,
-            slot_ctx=self.slot_ctx,
-            n_slots=config.n_slots,
+            slot_ctx=slot_ctx,
+            n_slots=n_slots,
             n_batch=config.n_batch,
             n_threads=self.n_threads,
             flash_attn=config.flash_attn,

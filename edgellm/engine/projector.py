@@ -29,6 +29,7 @@ import llama_cpp as L
 import llama_cpp.mtmd_cpp as M
 import numpy as np
 
+from edgellm.engine import test_hooks
 from edgellm.engine.gguf_header import read_metadata
 from edgellm.errors import EngineError, InvalidRequest
 from edgellm.media.types import AudioInput, ImageInput, MediaCaps, MediaInput
@@ -103,6 +104,8 @@ class Projector:
                 "does not match this model's embedding size (a projector made for another model)"
             )
         self.path = path
+        self.on_gpu = use_gpu
+        self.fallback_reason: str | None = None  # why it runs on the CPU though the model is on the GPU
         self.mrope = bool(M.mtmd_decode_use_mrope(self.ctx))
         meta = gguf_strings(path, ("clip.projector_type", "clip.vision.projector_type"))
         ptype = meta.get("clip.vision.projector_type") or meta.get("clip.projector_type") or ""
@@ -227,12 +230,31 @@ def attach_projector(
         return None, None
     try:
         probe(mmproj_path, model_path)
-        projector = Projector(mmproj_path, model, n_threads=n_threads, use_gpu=use_gpu)
+        projector = open_projector(mmproj_path, model, n_threads=n_threads, use_gpu=use_gpu)
     except EngineError as exc:
         log.error("multimodal input disabled: %s", exc.message)
         return None, exc.message
     log.info("projector %s loaded: %s", os.path.basename(mmproj_path), projector.caps)
     return projector, None
+
+
+def open_projector(path: str, model: ctypes.c_void_p, *, n_threads: int, use_gpu: bool) -> Projector:
+    """The projector, on the GPU when asked; when its GPU init fails (its weights and compute buffer did not
+    fit next to the text model's: one memory pool on a Jetson), on the CPU instead of not at all: images
+    and audio then encode slower, text decoding is unchanged. `fallback_reason` says so. A projector the
+    CPU cannot load either fails as before (the file, not the memory, is wrong)."""
+    if not use_gpu:
+        return Projector(path, model, n_threads=n_threads, use_gpu=False)
+    try:
+        if test_hooks.current().gpu_projector_failure:  # off unless a test installed it (no GPU to fill)
+            raise EngineError("projector GPU init failure forced by the gpu_projector_failure test hook")
+        return Projector(path, model, n_threads=n_threads, use_gpu=True)
+    except EngineError as exc:
+        reason = f"projector GPU init failed ({exc.message}); retried on CPU"
+        log.warning("%s: %s", os.path.basename(path), reason)
+    projector = Projector(path, model, n_threads=n_threads, use_gpu=False)
+    projector.fallback_reason = reason
+    return projector
 
 
 # -- probing a projector file in a child process -------------------------------------------------

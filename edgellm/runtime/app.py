@@ -152,6 +152,10 @@ def create_app(
         (entry.id if entry else service.model_name): worker_config(s, config) for entry, s, config in served
     }
     worker = next(iter(switched.values()))  # the default model's: what the worker starts with
+    # What each model's memory plan holds, against the default's budget: which of them fit loaded at once.
+    reports = {mid: s.memory_report() for mid, (_, s, _) in zip(switched, served, strict=True)}
+    plan_bytes = {mid: int(r["total_bytes"]) if r else None for mid, r in reports.items()}
+    budget_bytes = int(reports[next(iter(switched))]["budget_bytes"]) if reports[next(iter(switched))] else None
     use_switch = bool(settings.models) or settings.idle_unload_s > 0
 
     async def start_engine(engine: WorkerEngine | ModelSwitch) -> None:
@@ -196,24 +200,36 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = WorkerEngine(
-            worker,
-            service.on_engine_outputs,
-            requests=service.requests,  # its in-flight work is each request's Delivery in the one table
-            start_attempts=settings.engine_start_attempts,
-            start_backoff_s=settings.engine_start_backoff_s,
-            on_start_attempt=on_start_attempt,
-            on_failed=on_failed,  # from the reader thread, when the restarts after a crash gave up
-        )
-        client = (
-            ModelSwitch(
-                engine, switched, idle_unload_s=settings.idle_unload_s, switch_after_s=settings.model_switch_after_s
+        def make_worker(name: str, config: WorkerConfig) -> WorkerEngine:
+            return WorkerEngine(
+                config,
+                service.on_engine_outputs,
+                requests=service.requests,  # its in-flight work is each request's Delivery in the one table
+                start_attempts=settings.engine_start_attempts,
+                start_backoff_s=settings.engine_start_backoff_s,
+                on_start_attempt=on_start_attempt,
+                on_failed=on_failed,  # from the reader thread, when the restarts after a crash gave up
+                name=name,
             )
-            if use_switch
-            else engine
-        )
+
+        client: WorkerEngine | ModelSwitch
+        if use_switch:
+            client = ModelSwitch(
+                make_worker,
+                switched,
+                plan_bytes=plan_bytes,
+                budget_bytes=budget_bytes,
+                max_loaded=settings.max_loaded_models,
+                memory_ok=(lambda: pressure.state()["state"] == "ok") if pressure is not None else None,
+                idle_unload_s=settings.idle_unload_s,
+                switch_after_s=settings.model_switch_after_s,
+            )
+        else:
+            client = make_worker("", worker)
+        if pressure is not None and isinstance(client, WorkerEngine):  # its caches; its model stays loaded
+            pressure.on_critical.append(client.shed_caches)
         if pressure is not None and isinstance(client, ModelSwitch):
-            pressure.on_critical.append(client.shed_idle)  # an idle model's worker goes first
+            pressure.on_critical.append(client.shed_idle)  # idle models' workers go first
         service.bind(client, asyncio.get_running_loop())
         drain.bind(asyncio.get_running_loop())
         if service.energy is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.info import EngineInfo, EngineStats
+from edgellm.engine.test_hooks import FaultHooks
 from edgellm.engine.types import EngineOutput, EngineRequest
 
 
@@ -33,6 +34,13 @@ class Ping:
 @dataclass(frozen=True)
 class Shutdown:
     pass
+
+
+@dataclass(frozen=True)
+class ShedMemory:
+    """Free what can be rebuilt on demand, the model staying loaded (memory pressure is critical)."""
+
+    token: int  # echoed in the reply: a late answer to an earlier ask is never taken for this one's
 
 
 # -- worker -> API process ---------------------------------------------------------------------
@@ -61,8 +69,18 @@ class Fatal:
     reason: str  # the worker could not start: "<ExceptionType>: <message>"
 
 
-ToWorker = Submit | Abort | Ping | Shutdown
-FromWorker = Phase | Ready | Outputs | Pong | Fatal
+@dataclass(frozen=True)
+class MemoryShed:
+    """The reply to ShedMemory: what was freed, and the worker's resident memory around it."""
+
+    token: int
+    what: tuple[str, ...]  # e.g. "embedding context freed", "2 grammars dropped"; () when nothing was held
+    rss_before_mib: float | None  # None where /proc cannot be read
+    rss_after_mib: float | None
+
+
+ToWorker = Submit | Abort | Ping | Shutdown | ShedMemory
+FromWorker = Phase | Ready | Outputs | Pong | Fatal | MemoryShed
 
 
 @dataclass(frozen=True)
@@ -77,3 +95,16 @@ class WorkerConfig:
     # Test hooks, carried to the worker, which installs them in engine/test_hooks.py.
     force_gpu_failure: bool = False  # pretend the GPU load ran out of memory
     force_gpu_context_failure: bool = False  # pretend the GPU context did not fit
+    # Pretend the GPU holds only this many KV cells (None: no limit): the smaller shapes the engine tries on
+    # the GPU before the CPU fallback. And pretend the projector's GPU init fails (its CPU retry).
+    force_gpu_context_max_cells: int | None = None
+    force_gpu_projector_failure: bool = False
+
+    def fault_hooks(self) -> FaultHooks:
+        """The test hooks for the worker to install (engine/test_hooks.py), all of them."""
+        return FaultHooks(
+            gpu_load_failure=self.force_gpu_failure,
+            gpu_context_failure=self.force_gpu_context_failure,
+            gpu_context_max_cells=self.force_gpu_context_max_cells,
+            gpu_projector_failure=self.force_gpu_projector_failure,
+        )

@@ -1,20 +1,29 @@
-"""Several models on one node, one loaded at a time in the one engine worker (settings `models:`).
+"""Several models on one node (settings `models:`): one computes at a time, the others stay loaded
+while their memory plans fit together.
 
-On an 8 GB board two models rarely fit beside a camera pipeline, and two llama.cpp engines on the same
-cores slow each other down far more than they gain, so the node keeps one worker and changes what it
-runs. The work for a model that is not loaded waits here, in memory, while its rows wait in the
-durable registry (a restart re-dispatches them, model included); none is refused for it.
+Two llama.cpp engines decoding on the same cores slow each other down far more than they gain (on a
+2-core host ~100 tok/s alone, ~8 tok/s each side by side), so one model's worker takes requests at a
+time (the *active* one). But a model that fits beside it need not be unloaded: each model has its own
+worker process, and a switch to a model still loaded costs a drain, not a reload. Whether it stays is
+the memory plans' call: the resident models' plan totals (weights, KV cache, buffers, engine overhead:
+engine/memory_plan.py) together within memory_budget, at most `max_loaded_models` (0 = as many as fit),
+and memory pressure not raised (runtime/memory_pressure.py). Otherwise the least recently active
+model's worker ends (all of its memory goes back to the board) before the next one loads.
 
-- A request for the loaded model goes straight to the worker, as with one model.
-- A request for another model waits. The switch happens at once when the worker is idle; while
-  the loaded model has work, only once the oldest waiting request has waited `switch_after_s`, so a
-  stream of requests for the loaded model cannot starve the others, and a single request for another
-  model cannot stall a busy one. From the moment a switch is decided, new requests for the loaded
-  model wait too (else the drain might never end); the work it already has finishes, then the worker
-  stops (all of its memory goes back), the next one loads the other model, and what waited for it
-  is sent in arrival order. The model that waited longest goes next.
-- `idle_unload_s` > 0: a loaded model with nothing to do for that long is unloaded (the worker ends);
-  the next request loads it again.
+The work for a model that is not active waits here, in memory, while its rows wait in the durable
+registry (a restart re-dispatches them, model included); none is refused for it.
+
+- A request for the active model goes straight to its worker, as with one model.
+- A request for another model waits. The switch happens at once when the active worker is idle; while
+  it has work, only once the oldest waiting request has waited `switch_after_s`, so a stream of
+  requests for the active model cannot starve the others, and a single request for another model
+  cannot stall a busy one. From the moment a switch is decided, new requests for the active model wait
+  too (else the drain might never end); the work it already has finishes, then the other model is
+  activated (loaded first, if it is not), and what waited for it is sent in arrival order. The model
+  that waited longest goes next.
+- `idle_unload_s` > 0: a loaded model with nothing to do for that long is unloaded (its worker ends);
+  the next request loads it again. Under critical memory pressure every loaded model goes as soon as it
+  is idle (shed_idle).
 - A model that cannot be loaded fails the requests waiting for it, with the reason; the others go on.
 
 Requests are built when they are sent (`dispatch(model, request_id, build)`): the chat format their
@@ -39,51 +48,70 @@ from edgellm.runtime.supervisor import EngineState, WorkerEngine
 log = logging.getLogger(__name__)
 
 Build = Callable[[], EngineRequest]
+MakeWorker = Callable[[str, WorkerConfig], WorkerEngine]  # (model id, its config) -> a worker client, not started
 
 
 @dataclass
 class _Model:
     id: str
     config: WorkerConfig
+    plan_bytes: int | None = None  # its memory plan's total; None: not known (then it never shares)
+    worker: WorkerEngine | None = None  # made on its first load, kept for the next after an unload
     state: str = "unloaded"  # loaded, loading, unloaded, failed
     waiting: deque[tuple[float, str, Build]] = field(default_factory=deque)  # (since, request id, build)
     last_error: str | None = None
     loads: int = 0
     last_load_ms: float | None = None
+    last_active: float = 0.0  # monotonic: its last work (idle unload, and which model is evicted first)
     info: dict[str, Any] = field(default_factory=dict)  # its EngineInfo, once it has loaded
 
 
 class ModelSwitch:
-    """The EngineClient the service sees when the node serves several models (interface.py), around
-    the one WorkerEngine."""
+    """The EngineClient the service sees when the node serves several models (interface.py), around a
+    WorkerEngine per loaded model."""
 
     def __init__(
         self,
-        engine: WorkerEngine,
+        make_worker: MakeWorker,
         models: dict[str, WorkerConfig],
         *,
+        plan_bytes: dict[str, int | None] | None = None,
+        budget_bytes: int | None = None,
+        max_loaded: int = 0,
+        memory_ok: Callable[[], bool] | None = None,
         idle_unload_s: float = 0.0,
         switch_after_s: float = 5.0,
     ):
         if not models:
             raise ValueError("ModelSwitch needs at least one model")
-        self.engine = engine
-        self.models = {mid: _Model(mid, cfg) for mid, cfg in models.items()}
+        sizes = plan_bytes or {}
+        self.models = {mid: _Model(mid, cfg, sizes.get(mid)) for mid, cfg in models.items()}
+        self.make_worker = make_worker
+        self.budget_bytes = budget_bytes
+        self.max_loaded = max_loaded
+        self.memory_ok = memory_ok
         self.default = next(iter(models))
         self.idle_unload_s = idle_unload_s
         self.switch_after_s = switch_after_s
-        # The model the worker runs, or is loading: the default from the start, so that what is dispatched
-        # before start() (the registry's recovered requests) goes to the worker first, as with one model.
+        # The active model (its worker takes requests), or the one loading: the default from the start, so
+        # that what is dispatched before start() (the registry's recovered requests) goes to it first.
         self.loaded: str | None = self.default
-        self.models[self.default].state = "loading"
-        engine.config = self.models[self.default].config
-        self.switching_to: str | None = None  # decided: the loaded model's new requests wait
+        first = self.models[self.default]
+        first.state = "loading"
+        first.worker = make_worker(first.id, first.config)
+        self.switching_to: str | None = None  # decided: the active model's new requests wait
         self.switches = 0
-        self._last_active = time.monotonic()
         self._cond = threading.Condition()
         self._stopping = False
-        self._shed = False  # memory pressure asked for the idle model's memory back
+        self._shed = False  # memory pressure asked for the idle models' memory back
         self._thread: threading.Thread | None = None
+
+    @property
+    def engine(self) -> WorkerEngine:
+        """The active model's worker (the default's before any other was loaded)."""
+        active = self.models[self.loaded] if self.loaded else None
+        worker = active.worker if active is not None else None
+        return worker if worker is not None else self.models[self.default].worker  # type: ignore[return-value]
 
     # -- EngineClient ----------------------------------------------------------------------
     @property
@@ -109,26 +137,30 @@ class ModelSwitch:
 
     def submit(self, request: EngineRequest) -> None:
         """A request built already (the engine tasks: tokenize, render, embeddings): for its model, else
-        the loaded one (a task needs a tokenizer, not a particular model)."""
+        the active one (a task needs a tokenizer, not a particular model)."""
         self.dispatch(request.model or self.loaded or self.default, request.request_id, lambda: request)
 
     def dispatch(self, model: str | None, request_id: str, build: Build) -> None:
         target = self.models[model or self.default]
         with self._cond:
             if target.id == self.loaded and self.switching_to is None and target.state in ("loaded", "loading"):
-                self._last_active = time.monotonic()
+                target.last_active = time.monotonic()
                 request = build()
                 # The worker client keeps what comes while it (re)starts, and sends it once READY.
-                self.engine.submit(request)
+                target.worker.submit(request)  # type: ignore[union-attr]
                 return
             target.waiting.append((time.monotonic(), request_id, build))
             self._cond.notify_all()
 
     def abort(self, request_id: str) -> None:
-        if not self._drop_waiting(request_id):  # not waiting here: it is the worker's
-            self.engine.abort(request_id)
+        if self._drop_waiting(request_id):
+            failure = EngineOutput.failure(request_id, "aborted while waiting for its model", "cancelled")
+            self.engine.on_output([failure])
             return
-        self.engine.on_output([EngineOutput.failure(request_id, "aborted while waiting for its model", "cancelled")])
+        # Not waiting here: it is a worker's, the one its delivery names.
+        delivery = self.engine.requests.delivery(request_id)
+        holder = self.models.get(delivery.worker) if delivery is not None else None
+        (holder.worker if holder is not None and holder.worker is not None else self.engine).abort(request_id)
 
     def _drop_waiting(self, request_id: str) -> bool:
         with self._cond:
@@ -142,11 +174,12 @@ class ModelSwitch:
     def in_flight(self) -> int:
         with self._cond:
             waiting = sum(len(m.waiting) for m in self.models.values())
-        return self.engine.in_flight() + waiting
+        return sum(w.in_flight() for w in self._workers()) + waiting
 
     def health(self) -> dict[str, Any]:
-        """The worker's health, with the node's view on top: `state` is "ready" while the node takes work
-        for its models (one loaded, a switch under way, or idle-unloaded); `worker_state` is the worker's."""
+        """The active worker's health, with the node's view on top: `state` is "ready" while the node takes
+        work for its models (one loaded, a switch under way, or idle-unloaded); `worker_state` is the
+        active worker's."""
         worker = self.engine.health()
         state = worker["state"]
         if self._thread is not None and state in ("starting", "unloaded", "failed") and not self._crash_failed():
@@ -156,6 +189,7 @@ class ModelSwitch:
             "state": state,
             "worker_state": worker["state"],
             "loaded_model": self.loaded if self.loaded and self.models[self.loaded].state == "loaded" else None,
+            "resident_models": [m.id for m in self.models.values() if m.state == "loaded"],
             "switching_to": self.switching_to,
             "switches": self.switches,
             "models": self.model_states(),
@@ -167,23 +201,32 @@ class ModelSwitch:
                 {
                     "id": m.id,
                     "state": m.state,
+                    "active": m.id == self.loaded and m.state == "loaded",
                     "waiting": len(m.waiting),
                     "loads": m.loads,
                     "last_load_ms": m.last_load_ms,
+                    "worker_pid": m.worker.pid if m.worker is not None and m.state in ("loaded", "loading") else None,
+                    **({"plan_mib": round(m.plan_bytes / 2**20, 1)} if m.plan_bytes is not None else {}),
                     **({"last_error": m.last_error} if m.last_error else {}),
                 }
                 for m in self.models.values()
             ]
 
     def shed_idle(self, reading: dict[str, Any] | None = None) -> str | None:
-        """An on_critical hook (runtime/memory_pressure.py): unload the loaded model as soon as it has
+        """An on_critical hook (runtime/memory_pressure.py): unload every loaded model as soon as it has
         nothing to do, without waiting for idle_unload_s; the next request loads it again."""
         with self._cond:
-            if self.loaded is None or self.models[self.loaded].state != "loaded":
+            loaded = [m.id for m in self.models.values() if m.state == "loaded"]
+            if not loaded:
                 return None
             self._shed = True
             self._cond.notify_all()
-            return f"model {self.loaded}: unloaded once idle (its worker's memory)"
+            return f"model(s) {', '.join(loaded)}: unloaded once idle (their workers' memory)"
+
+    def shed_caches(self, reading: dict[str, Any] | None = None) -> str | None:
+        """An on_critical hook: each loaded worker gives back the caches it can rebuild (supervisor.py)."""
+        said = [what for w in self._workers() if (what := w.shed_caches(reading))]
+        return "; ".join(said) or None
 
     def model_info(self, model: str) -> dict[str, Any]:
         """A model's EngineInfo as of its last load ({} before its first)."""
@@ -197,12 +240,18 @@ class ModelSwitch:
             for m in self.models.values():
                 m.waiting.clear()
             self._cond.notify_all()
-        self.engine.close()
+        for m in self.models.values():
+            if m.worker is not None:
+                m.worker.close()
 
     # -- the switch thread -----------------------------------------------------------------
+    def _workers(self) -> list[WorkerEngine]:
+        """The workers of the models loaded or loading."""
+        return [m.worker for m in self.models.values() if m.worker is not None and m.state in ("loaded", "loading")]
+
     def _crash_failed(self) -> bool:
-        """The worker failed to come back after a crash (WorkerEngine gave up: serve exits), as opposed
-        to a model that could not be loaded (the others still can)."""
+        """The active worker failed to come back after a crash (WorkerEngine gave up: serve exits), as
+        opposed to a model that could not be loaded (the others still can)."""
         return (
             self.engine.state is EngineState.FAILED
             and self.loaded is not None
@@ -216,10 +265,10 @@ class ModelSwitch:
                     return
                 now = time.monotonic()
                 current = self.models[self.loaded] if self.loaded else None
-                # Requests that waited for the model now loaded (dispatched while its first load ran)
+                # Requests that waited for the model now active (dispatched while its first load ran)
                 stray = current is not None and current.state == "loaded" and bool(current.waiting)
                 target = None if stray else self._next(now)
-                idle = not stray and target is None and self._idle_for(now)
+                idle = [] if stray or target is not None else self._idle(now)
                 if target is not None:
                     self.switching_to = target
                 elif not idle and not stray:
@@ -231,14 +280,15 @@ class ModelSwitch:
                 elif target is not None:
                     self._switch(self.models[target])
                 else:
-                    self._unload_idle()
+                    for model in idle:
+                        self._unload_idle(model)
             except Exception:  # a bug must not stop every later switch: say it, fail what waited
                 log.exception("model switch failed")
                 with self._cond:
                     self.switching_to = None
 
     def _next(self, now: float) -> str | None:
-        """The model to load now, if any: the one whose oldest request waited longest, once the loaded
+        """The model to activate now, if any: the one whose oldest request waited longest, once the active
         model is idle or that request has waited switch_after_s."""
         candidates = [
             (m.waiting[0][0], m.id)
@@ -248,54 +298,93 @@ class ModelSwitch:
         if not candidates:
             return None
         since, model = min(candidates)
-        loaded = self.models.get(self.loaded) if self.loaded else None
-        busy = loaded is not None and loaded.state == "loaded" and self.engine.in_flight() > 0
+        active = self.models.get(self.loaded) if self.loaded else None
+        busy = active is not None and active.state == "loaded" and self.engine.in_flight() > 0
         if model != self.loaded and busy and now - since < self.switch_after_s:
             return None
         return model
 
-    def _idle_for(self, now: float) -> bool:
-        if self.loaded is None or self.models[self.loaded].state != "loaded":
+    def _idle(self, now: float) -> list[_Model]:
+        """The loaded models to unload now: idle for idle_unload_s, or at all while memory is short."""
+        loaded = [m for m in self.models.values() if m.state == "loaded" and m.worker is not None]
+        if not loaded:
             self._shed = False
-            return False
+            return []
         if not self.idle_unload_s and not self._shed:
-            return False
-        if self.engine.in_flight() or self.models[self.loaded].waiting:
-            self._last_active = now
-            return False
-        return self._shed or now - self._last_active >= self.idle_unload_s
+            return []
+        idle = []
+        for m in loaded:
+            if m.waiting or m.worker.in_flight():  # type: ignore[union-attr]
+                m.last_active = now
+            elif self._shed or now - m.last_active >= self.idle_unload_s:
+                idle.append(m)
+        return idle
 
     def _switch(self, target: _Model) -> None:
-        current = self.models[self.loaded] if self.loaded else None
-        # The loaded model's accepted work finishes first: each request has its own timeout, and a
-        # worker that hangs is killed by the supervisor's ping, so this ends.
+        # The active model's accepted work finishes first: each request has its own timeout, and a worker
+        # that hangs is killed by the supervisor's ping, so this ends.
         while self.engine.in_flight() > 0 and not self._stopping:
             time.sleep(0.02)
         if self._stopping:
             return
         started = time.monotonic()
-        if current is not None and current.state == "loaded" and current is not target:
-            log.info("model switch: unloading %s for %s", current.id, target.id)
-            self.engine.unload()
-            current.state = "unloaded"
-        with self._cond:
-            self.loaded, target.state = target.id, "loading"
-        try:
-            if self.engine.state is not EngineState.READY:
-                self.engine.load(target.config)
-        except EdgeLLMError as exc:
-            self._load_failed(target, exc)
-            return
-        self._loaded(target, started)
+        if target.state == "loaded":  # still loaded beside the active one: nothing to load
+            with self._cond:
+                self.loaded = target.id
+            log.info("model switch: %s is active (it stayed loaded)", target.id)
+        else:
+            self._make_room(target)
+            with self._cond:
+                self.loaded, target.state = target.id, "loading"
+            try:
+                self._load(target)
+            except EdgeLLMError as exc:
+                self._load_failed(target, exc)
+                return
+            self._loaded(target, started)
         self.switches += 1
         self._flush(target)
+
+    def _make_room(self, target: _Model) -> None:
+        """Unload the least recently active loaded models until `target` fits beside the rest."""
+        while True:
+            with self._cond:
+                resident = sorted(
+                    (m for m in self.models.values() if m is not target and m.state == "loaded"),
+                    key=lambda m: m.last_active,
+                )
+                if not resident or self._fits_beside(target, resident):
+                    return
+                victim = resident[0]
+                victim.state = "unloaded"  # under the lock: a request for it now waits for its next load
+            log.info("model switch: unloading %s to make room for %s", victim.id, target.id)
+            victim.worker.unload()  # type: ignore[union-attr]
+
+    def _fits_beside(self, target: _Model, resident: list[_Model]) -> bool:
+        if self.max_loaded and len(resident) + 1 > self.max_loaded:
+            return False
+        if self.memory_ok is not None and not self.memory_ok():
+            return False
+        sizes = [m.plan_bytes for m in (*resident, target)]
+        if self.budget_bytes is None or any(size is None for size in sizes):
+            return False
+        return sum(sizes) <= self.budget_bytes  # type: ignore[arg-type]
+
+    def _load(self, model: _Model) -> None:
+        worker = model.worker
+        if worker is None:
+            worker = model.worker = self.make_worker(model.id, model.config)
+        if worker.state is EngineState.STOPPED:
+            worker.start()
+        elif worker.state is not EngineState.READY:
+            worker.load(model.config)
 
     def _loaded(self, model: _Model, started: float) -> None:
         model.state, model.last_error = "loaded", None
         model.loads += 1
         model.last_load_ms = round((time.monotonic() - started) * 1000, 1)
-        model.info = dict(self.engine.info)
-        self._last_active = time.monotonic()
+        model.info = dict(model.worker.info)  # type: ignore[union-attr]
+        model.last_active = time.monotonic()
         log.info("model %s loaded in %.0f ms", model.id, model.last_load_ms)
 
     def _flush(self, model: _Model) -> None:
@@ -304,12 +393,12 @@ class ModelSwitch:
             with self._cond:
                 batch = list(model.waiting)
                 model.waiting.clear()
+                model.last_active = time.monotonic()
                 if not batch:
                     self.switching_to = None
-                    self._last_active = time.monotonic()
                     return
             for _, _, build in batch:
-                self.engine.submit(build())
+                model.worker.submit(build())  # type: ignore[union-attr]
 
     def _load_failed(self, model: _Model, exc: EdgeLLMError) -> None:
         why = f"model {model.id} could not be loaded: {exc.message}"
@@ -323,15 +412,13 @@ class ModelSwitch:
         if outs:
             self.engine.on_output(outs)
 
-    def _unload_idle(self) -> None:
-        model = self.models[self.loaded]
+    def _unload_idle(self, model: _Model) -> None:
         with self._cond:
-            if model.waiting or self.engine.in_flight():
+            if model.state != "loaded" or model.waiting or model.worker.in_flight():  # type: ignore[union-attr]
                 return
             # Under the lock, before the worker goes: a request that comes now waits for the next load
             # instead of reaching a worker about to stop.
             model.state = "unloaded"
             why = "memory is short" if self._shed else f"idle for {self.idle_unload_s:.0f} s"
-            self._shed = False
         log.info("model %s %s: unloading it", model.id, why)
-        self.engine.unload()
+        model.worker.unload()  # type: ignore[union-attr]

@@ -32,7 +32,16 @@ from pydantic_settings import (
 from edgellm.api.envelope import ResponseMode
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.gguf_header import check_gguf_file
-from edgellm.engine.memory_plan import MemoryPlan, ModelShape, default_budget_bytes, parse_size, plan_memory
+from edgellm.engine.memory_plan import (
+    MIB,
+    MemoryPlan,
+    ModelShape,
+    cuda_device_present,
+    default_budget_bytes,
+    parse_size,
+    plan_memory,
+    projector_bytes,
+)
 from edgellm.errors import EdgeLLMError
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.runtime.presets import PresetError, load_preset
@@ -144,6 +153,10 @@ class Settings(BaseSettings):
     # MemAvailable (on a Jetson the GPU allocates from that same memory). The node refuses to start
     # when its plan does not fit.
     memory_budget: str | None = None
+    # The CUDA runtime's share of memory_budget once layers go to a GPU (CUDA context, cuBLAS workspace,
+    # llama.cpp's CUDA pools; from the same unified memory on a Jetson): see engine/memory_plan.py for the
+    # figures behind the default. Planned only where a CUDA device shows and n_gpu_layers is not 0.
+    cuda_context_mib: int = Field(300, ge=0, le=16384)
     n_batch: int = Field(512, ge=32)
     n_threads: int = Field(0, ge=0, description="0 = every core this process may use")
     # adaptive: fewer threads while other processes keep cores busy (a spinning llama.cpp barrier on a
@@ -156,9 +169,12 @@ class Settings(BaseSettings):
     # tokenizer: e.g. a smaller model of the same family) drafts instead of prompt lookup; the output
     # stays the same. In the memory plan. Needs speculative_decoding.
     draft_model_path: str | None = None
-    # Several models, one loaded at a time (runtime/model_switch.py): requests name one by `model`; the
-    # first is the default. When set, model_path/mmproj_path/draft_model_path above are not used.
+    # Several models (runtime/model_switch.py): requests name one by `model`; the first is the default.
+    # When set, model_path/mmproj_path/draft_model_path above are not used. One model computes at a time;
+    # the others stay loaded while their memory plans fit in memory_budget together (and at most
+    # max_loaded_models, 0 = as many as fit), so a switch to one of them costs no reload.
     models: list[ServedModel] = Field(default_factory=list)
+    max_loaded_models: int = Field(0, ge=0, le=64)
     idle_unload_s: float = Field(0.0, ge=0)  # unload a model after this long without work (0 = never)
     # While the loaded model has work, requests for another wait at most this long before it is drained
     # and the other loaded (0: at once); an idle worker switches at once.
@@ -345,6 +361,8 @@ class Settings(BaseSettings):
             embedding_ctx=self.embedding_ctx,
             embedding_model=self._embedding_shape(),
             draft_model=self._draft_shape(),
+            cuda_bytes=self._cuda_bytes(),
+            projector_bytes=self._projector_bytes(),
         )
         if not plan.fits:
             raise SettingsError(f"the model does not fit the memory budget: {plan.refusal()}")
@@ -353,6 +371,20 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         return plan
+
+    def _cuda_bytes(self) -> int:
+        """The CUDA runtime's share when the node will offload: n_gpu_layers not 0 on a host with a CUDA
+        device (a Jetson, an NVIDIA driver), seen from files: this process never imports llama.cpp."""
+        if self.n_gpu_layers == 0 or not cuda_device_present():
+            return 0
+        return self.cuda_context_mib * MIB
+
+    def _projector_bytes(self) -> int:
+        path = self.resolved_mmproj_path()
+        try:
+            return projector_bytes(path)
+        except OSError as exc:
+            raise SettingsError(f"mmproj_path: {path} is unreadable: {exc}") from None
 
     def _embedding_shape(self) -> ModelShape | None:
         path = self.resolved_embedding_model_path()

@@ -14,6 +14,7 @@ A worker's end is always told in words (runtime/native_crash.py): signal or exit
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing as mp
 import os
@@ -112,8 +113,12 @@ class WorkerEngine:
         start_backoff_s: float = 1.0,
         on_start_attempt: Callable[[str, float], None] | None = None,
         on_failed: Callable[[str], None] | None = None,
+        name: str = "",
     ):
         self.config = config
+        # Its deliveries' tag in a shared RequestTable: "" alone; the model id when several workers share
+        # one table (runtime/model_switch.py keeps a worker per resident model).
+        self.name = name
         self.on_output = on_output
         # The work in flight is each request's Delivery in the API's one RequestState table (its
         # on_retry writes a re-send to the registry); a table of its own when used alone (tests, tools).
@@ -146,6 +151,10 @@ class WorkerEngine:
         self._last_pong = 0.0
         self._stopping = threading.Event()
         self._generation = 0  # bumps on each (re)start so a stale reader thread knows to quit
+        # shed_caches(): the worker's MemoryShed replies, matched by token (the reader thread posts them).
+        self._shed_tokens = itertools.count(1)
+        self._shed_reply: ipc.MemoryShed | None = None
+        self._shed_ready = threading.Condition()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -303,7 +312,7 @@ class WorkerEngine:
         resend: list[Delivery] = []
         retried: list[Delivery] = []
         lost: list[Delivery] = []
-        for entry in self.requests.deliveries():  # in submission order
+        for entry in self.requests.deliveries(self.name):  # in submission order
             if not entry.sent:
                 entry.sent = True
                 resend.append(entry)
@@ -383,7 +392,7 @@ class WorkerEngine:
             failed = self.state is EngineState.FAILED  # it passed the service's check as the last restart failed
             if not failed:
                 ready = self.state is EngineState.READY
-                entry = self.requests.track(request, sent=ready)
+                entry = self.requests.track(request, sent=ready, worker=self.name)
                 if not ready:
                     return  # sent when the (re)start completes
         if failed:  # no worker will come: an answer now, not a wait until the request's timeout
@@ -395,13 +404,37 @@ class WorkerEngine:
                 entry.sent = False  # never delivered: the next worker runs it as a first attempt
 
     def in_flight(self) -> int:
-        return self.requests.in_delivery()
+        return self.requests.in_delivery(self.name)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
             if self.state is not EngineState.READY:
                 return
         self._send(ipc.Abort(request_id))
+
+    def shed_caches(self, reading: dict[str, Any] | None = None, timeout_s: float = 2.0) -> str | None:
+        """An on_critical hook (runtime/memory_pressure.py): the READY worker frees what it makes again on
+        demand (its embedding context, idle LoRA adapters, grammar caches, the prefix files' page cache)
+        and trims its heap, its model staying loaded. It does so between two decode steps, so the answer
+        waits at most `timeout_s` (the hook runs on the pressure reader thread, before the others).
+        What it freed and its RSS before and after; None when no worker is READY."""
+        with self._lock:
+            if self.state is not EngineState.READY:
+                return None
+        token = next(self._shed_tokens)
+        if not self._send(ipc.ShedMemory(token)):
+            return None
+        deadline = time.monotonic() + timeout_s
+        with self._shed_ready:
+            while (reply := self._shed_reply) is None or reply.token != token:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return f"engine worker: asked to free its caches; no answer within {timeout_s:g} s"
+                self._shed_ready.wait(left)
+        what = ", ".join(reply.what) or "no cache to free"
+        if reply.rss_before_mib is None or reply.rss_after_mib is None:  # no /proc to read it from
+            return f"engine worker: {what}"
+        return f"engine worker: {what}; RSS {reply.rss_before_mib:g} -> {reply.rss_after_mib:g} MiB"
 
     def _send(self, msg: ipc.ToWorker) -> bool:
         """False when the worker cannot be reached; the reader thread notices its death and restarts it."""
@@ -428,6 +461,10 @@ class WorkerEngine:
             elif isinstance(msg, ipc.Pong):
                 self._last_pong = time.monotonic()
                 self.stats = msg.stats.as_dict()
+            elif isinstance(msg, ipc.MemoryShed):
+                with self._shed_ready:
+                    self._shed_reply = msg
+                    self._shed_ready.notify_all()
         if not self._stopping.is_set() and generation == self._generation:
             self._handle_crash()
 
@@ -475,7 +512,7 @@ class WorkerEngine:
             conn.close()  # else each restart leaks the old pipe's descriptor
         if proc is not None and proc.exitcode is not None:
             proc.close()  # and the dead process's sentinel
-        log.error("%s; %d request(s) in flight; restarting", crash, self.requests.in_delivery())
+        log.error("%s; %d request(s) in flight; restarting", crash, self.requests.in_delivery(self.name))
         backoff = self.start_backoff_s
         for attempt in range(1, self.start_attempts + 1):
             self.attempt = attempt
@@ -516,7 +553,7 @@ class WorkerEngine:
 
     def _fail_inflight(self, why: str) -> None:
         with self._lock:
-            entries = self.requests.take_deliveries()
+            entries = self.requests.take_deliveries(self.name)
         if entries:
             self.on_output([EngineOutput.failure(e.request.request_id, why, "engine_error") for e in entries])
 
@@ -530,7 +567,7 @@ class WorkerEngine:
             "worker_alive": alive,
             "restarts": self.restarts,
             "last_error": self.last_error,
-            "in_flight": self.requests.in_delivery(),
+            "in_flight": self.requests.in_delivery(self.name),
             "phase": self.phase,
             "attempt": self.attempt,
             # the bound of a start, and of the restarts after a crash

@@ -8,6 +8,8 @@ supervisor._worker_main watches for that from the first moment).
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import os
 from multiprocessing.connection import Connection
@@ -15,8 +17,22 @@ from multiprocessing.connection import Connection
 from edgellm.engine import test_hooks
 from edgellm.engine.core import EngineCore
 from edgellm.runtime.energy import EnergyMeter
-from edgellm.runtime.ipc import Abort, Fatal, Outputs, Phase, Ping, Pong, Ready, Shutdown, Submit, WorkerConfig
+from edgellm.runtime.ipc import (
+    Abort,
+    Fatal,
+    MemoryShed,
+    Outputs,
+    Phase,
+    Ping,
+    Pong,
+    Ready,
+    ShedMemory,
+    Shutdown,
+    Submit,
+    WorkerConfig,
+)
 from edgellm.runtime.native_crash import crash_point, crash_point_from_file, stall_point
+from edgellm.runtime.process_memory import rss_mib
 
 log = logging.getLogger("edgellm.worker")
 
@@ -93,11 +109,43 @@ def _serve(core: EngineCore, conn: Connection, parent: int) -> None:
                 core.abort(msg.request_id)
             elif isinstance(msg, Ping):
                 conn.send(Pong(core.stats))
+            elif isinstance(msg, ShedMemory):
+                conn.send(shed_memory(core, msg.token))
             elif isinstance(msg, Shutdown):
                 return
+            else:  # a newer API process's message: said, never fatal
+                log.warning("ignoring an unknown message from the API process: %s", type(msg).__name__)
         if os.getppid() != parent:
             log.warning("parent process died; worker exits")
             return
         outputs = core.step()
         if outputs:
             conn.send(Outputs(tuple(outputs)))
+
+
+def shed_memory(core: EngineCore, token: int) -> MemoryShed:
+    """ShedMemory's answer: the core frees what it makes again on demand (here, between two steps, so
+    under no decode), then the heap freed by that and by earlier work goes back to the kernel."""
+    pid = os.getpid()
+    before = rss_mib(pid)
+    try:
+        what = core.shed_memory()
+    except Exception as exc:  # a failure to free memory must never end the worker and its requests
+        log.exception("shedding memory failed")
+        what = [f"shedding failed: {type(exc).__name__}: {exc}"]
+    gc.collect()
+    _malloc_trim()
+    after = rss_mib(pid)
+    log.warning("memory pressure: %s; RSS %s -> %s MiB", ", ".join(what) or "no cache to free", before, after)
+    return MemoryShed(token, tuple(what), before, after)
+
+
+def _malloc_trim() -> bool:
+    """glibc's malloc_trim(0): free()d heap pages (Python's arenas, llama.cpp's small buffers) go back
+    to the kernel instead of waiting in the allocator. False where there is none (musl, not Linux)."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True

@@ -4,6 +4,7 @@ tree (memory_pressure_root) that refuses new work with 503 + Retry-After while i
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from edgellm.runtime.memory_pressure import (
     read_memory,
     trim_heap,
 )
+from edgellm.runtime.process_memory import rss_mib
 from edgellm.runtime.settings import SettingsError, load_settings
 from tests.nodeproc import LONG_GENERATION, NodeProcess
 
@@ -369,5 +371,52 @@ def test_the_node_refuses_new_work_under_memory_pressure_and_finishes_what_it_ha
             assert _wait_for_state(c, "ok")["reason"] is None
             r = c.post("/predict", json=ask)
             assert r.status_code == 200 and r.json()["result"]["TEXT_RESPONSE"][0], r.text
+    finally:
+        node.stop()
+
+
+def test_critical_pressure_frees_the_worker_caches_with_its_model_loaded(tmp_path: Path) -> None:
+    """The engine worker gives back what it can make again (here the embedding context made by the first
+    /v1/embeddings request) and trims its heap; /health's shed says so with its RSS, the RSS read from
+    /proc/<worker pid>/status goes down, and embeddings and chat work again once memory recovers, from the
+    same worker (the model was never unloaded)."""
+    fake = write_proc(tmp_path / "fakeroot", available_mib=4096, some=0.0, full=0.0)
+    env = {"EDGELLM_MEMORY_PRESSURE_ROOT": str(fake), "EDGELLM_MEMORY_PRESSURE_INTERVAL_S": "0.1"}
+    node = NodeProcess(tmp_path / "node", env=env).start()
+    try:
+        with node.client() as c:
+            model = c.get("/v1/models").json()["data"][0]["id"]
+            worker = c.get("/health").json()["result"]["engine"]["worker_pid"]
+            embedding = {"model": model, "input": ["The cat sat on the mat.", "A dog ran in the park."]}
+            r = c.post("/v1/embeddings", json=embedding)
+            assert r.status_code == 200, r.text
+            first = r.json()["data"][0]["embedding"]
+            before = rss_mib(worker)
+
+            write_proc(fake, available_mib=64)  # below memory_pressure_critical_mib
+            _wait_for_state(c, "critical")
+            deadline = time.monotonic() + 10
+            while not (shed := c.get("/health").json()["result"]["memory_pressure"]["shed"]):
+                assert time.monotonic() < deadline, "the on_critical hooks never reported"
+                time.sleep(0.05)
+            after = rss_mib(worker)
+            line = next((s for s in shed if s.startswith("engine worker: ")), None)
+            assert line is not None, shed
+            assert "embedding context freed" in line and " MiB" in line, line
+            told = re.search(r"RSS ([0-9.]+) -> ([0-9.]+) MiB", line)
+            assert told and float(told[2]) < float(told[1]), line
+            print(f"worker RSS (/proc/{worker}/status): {before} -> {after} MiB; shed: {shed}")
+            assert before is not None and after is not None and after < before, (before, after, shed)
+
+            write_proc(fake, available_mib=4096)
+            _wait_for_state(c, "ok")
+            r = c.post("/v1/embeddings", json=embedding)  # a new embedding context, the same vectors
+            assert r.status_code == 200, r.text
+            assert max(abs(x - y) for x, y in zip(r.json()["data"][0]["embedding"], first, strict=True)) < 1e-5
+            chat = {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello."}]}
+            r = c.post("/v1/chat/completions", json=chat)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+            health = c.get("/health").json()["result"]
+            assert health["engine"]["worker_pid"] == worker and health["engine"]["restarts"] == 0
     finally:
         node.stop()

@@ -1,7 +1,8 @@
-"""Several models on one node (settings `models:`, runtime/model_switch.py), one loaded at a time, on a
-real node: two copies of the bundled GGUF under two ids are enough to see which one answered (the
-response's `model`, the worker's pid changing) and that nothing is lost across a switch, an idle unload
-or a node restart with requests waiting for the unloaded model."""
+"""Several models on one node (settings `models:`, runtime/model_switch.py) on a real node: two copies of
+the bundled GGUF under two ids are enough to see which one answered (the response's `model`, the
+worker's pid), that both stay loaded when their memory plans fit the budget together and one is
+unloaded when they do not, and that nothing is lost across a switch, an idle unload or a node restart
+with requests waiting for the unloaded model."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from edgellm.runtime.settings import load_settings
 from tests.nodeproc import NodeProcess
 
 pytestmark = pytest.mark.slow
@@ -65,7 +67,9 @@ def _wait(predicate, timeout: float, what: str):
 
 
 def test_requests_for_two_models_from_8_clients_are_each_answered_by_the_model_they_named(tmp_path, model_path):
-    node = NodeProcess(tmp_path, "--config", str(_config(tmp_path, model_path, model_switch_after_s=1.0))).start()
+    """One loaded at a time (max_loaded_models 1): every switch unloads one worker and loads the other."""
+    config = _config(tmp_path, model_path, model_switch_after_s=1.0, max_loaded_models=1)
+    node = NodeProcess(tmp_path, "--config", str(config)).start()
     try:
         with node.client(timeout=120) as c:
             listed = _models(c)
@@ -100,6 +104,69 @@ def test_requests_for_two_models_from_8_clients_are_each_answered_by_the_model_t
             # each model runs with its own settings: beta's override of n_slots
             _chat(c, "beta")
             assert c.get("/status").json()["result"]["engine_info"]["n_slots"] == 2
+    finally:
+        node.stop()
+
+
+def _plan_totals(config: Path) -> tuple[dict[str, int], int]:
+    """Each model's memory plan total (what the node counts it for), and the budget, as the node computes
+    them from the same config."""
+    settings = load_settings(str(config))
+    totals = {}
+    for entry, model_settings in settings.served_models():
+        model_settings.model()
+        report = model_settings.memory_report()
+        totals[entry.id] = report["total_bytes"]
+    return totals, report["budget_bytes"]
+
+
+def _switch_back_and_forth(c: httpx.Client) -> dict[str, dict]:
+    for name in ("beta", "alpha", "beta", "alpha"):
+        r = _chat(c, name)
+        assert r.status_code == 200 and r.json()["model"] == name, r.text
+    return _models(c)
+
+
+def test_two_models_that_fit_the_budget_together_stay_loaded_and_a_switch_reloads_neither(tmp_path, model_path):
+    """max_loaded_models 0 (as memory allows), budget ample: the second model loads beside the first, and
+    switching between them afterwards is a drain, not a reload (each loaded once, two live workers)."""
+    node = NodeProcess(tmp_path, "--config", str(_config(tmp_path, model_path, model_switch_after_s=0.5))).start()
+    try:
+        with node.client(timeout=120) as c:
+            listed = _switch_back_and_forth(c)
+            assert listed["alpha"]["state"] == listed["beta"]["state"] == "loaded", listed
+            assert listed["alpha"]["loads"] == listed["beta"]["loads"] == 1, listed
+            assert listed["alpha"]["active"] and not listed["beta"]["active"]
+            health = c.get("/health").json()["result"]["engine"]
+            assert health["switches"] >= 4 and sorted(health["resident_models"]) == ["alpha", "beta"]
+            pids = {m["id"]: m["worker_pid"] for m in health["models"]}
+            assert pids["alpha"] != pids["beta"] and all(_alive(p) for p in pids.values()), pids
+            # requests for both interleaved still come back from the model they named
+            with ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(lambda m: _chat(c, m), ["alpha", "beta"] * 4))
+            assert [r.json()["model"] for r in answers] == ["alpha", "beta"] * 4
+            assert {m["id"]: m["loads"] for m in _models(c).values()} == {"alpha": 1, "beta": 1}
+    finally:
+        node.stop()
+
+
+def test_two_models_whose_plans_do_not_fit_together_are_loaded_one_at_a_time(tmp_path, model_path):
+    """memory_budget between the larger plan and the sum of both: each model fits alone, not beside the
+    other, so activating one unloads the other (its worker exits) and each switch back reloads it."""
+    totals, _ = _plan_totals(_config(tmp_path, model_path))
+    budget = max(totals.values()) + (min(totals.values()) // 2)
+    assert budget < sum(totals.values())
+    config = _config(tmp_path, model_path, model_switch_after_s=0.5, memory_budget=str(budget))
+    node = NodeProcess(tmp_path, "--config", str(config)).start()
+    try:
+        with node.client(timeout=120) as c:
+            first_pid = node.worker_pid()
+            listed = _switch_back_and_forth(c)
+            assert listed["alpha"]["state"] == "loaded" and listed["beta"]["state"] == "unloaded", listed
+            assert (listed["alpha"]["loads"], listed["beta"]["loads"]) == (3, 2), listed
+            health = c.get("/health").json()["result"]["engine"]
+            assert health["resident_models"] == ["alpha"]
+            assert not _alive(first_pid)  # the first alpha worker ended when beta needed the room
     finally:
         node.stop()
 
@@ -162,6 +229,10 @@ def _final(c: httpx.Client, rid: str, timeout: float) -> dict:
         return r if r["status"] in ("completed", "failed") else None
 
     return _wait(ended, timeout, f"request {rid}")
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}") and not _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:
