@@ -4,14 +4,19 @@ tree (memory_pressure_root) that refuses new work with 503 + Retry-After while i
 
 from __future__ import annotations
 
+import multiprocessing
 import re
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from edgellm.engine.config import ModelConfig
 from edgellm.errors import EngineUnavailable
+from edgellm.runtime import ipc
+from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.memory_pressure import (
     MemoryPressure,
     PressureState,
@@ -22,6 +27,7 @@ from edgellm.runtime.memory_pressure import (
 )
 from edgellm.runtime.process_memory import rss_mib
 from edgellm.runtime.settings import SettingsError, load_settings
+from edgellm.runtime.supervisor import EngineState, WorkerEngine
 from tests.nodeproc import LONG_GENERATION, NodeProcess
 
 MIB_KB = 1024
@@ -420,3 +426,33 @@ def test_critical_pressure_frees_the_worker_caches_with_its_model_loaded(tmp_pat
             assert health["engine"]["worker_pid"] == worker and health["engine"]["restarts"] == 0
     finally:
         node.stop()
+
+
+def test_shed_caches_asks_only_a_ready_worker_and_waits_briefly() -> None:
+    """WorkerEngine.shed_caches on a pipe with a stand-in worker: None with no READY worker, the reply
+    matched by its token (a stale one from an earlier ask is passed over), a bounded wait on a silent one."""
+    engine = WorkerEngine(WorkerConfig(ModelConfig("/nonexistent.gguf")), on_output=lambda outs: None)
+    assert engine.shed_caches({}) is None  # STOPPED: no worker to ask
+    api_end, worker_end = multiprocessing.Pipe()
+    engine._conn, engine.state = api_end, EngineState.READY
+    # Generation -1 is not the engine's: the pipe's end below is not taken for a crash.
+    reader = threading.Thread(target=engine._reader, args=(api_end, -1), daemon=True)
+    reader.start()
+
+    def stand_in() -> None:
+        ask = worker_end.recv()
+        assert isinstance(ask, ipc.ShedMemory)
+        worker_end.send(ipc.MemoryShed(ask.token - 1, ("stale",), 1.0, 1.0))
+        worker_end.send(ipc.MemoryShed(ask.token, ("embedding context freed (512 tokens)",), 405.3, 383.0))
+
+    threading.Thread(target=stand_in, daemon=True).start()
+    line = engine.shed_caches({})
+    assert line == "engine worker: embedding context freed (512 tokens); RSS 405.3 -> 383 MiB"
+    started = time.monotonic()
+    assert engine.shed_caches({}, timeout_s=0.2) == "engine worker: asked to free its caches; no answer within 0.2 s"
+    assert time.monotonic() - started < 1.0
+    assert isinstance(worker_end.recv(), ipc.ShedMemory)  # it was asked
+    worker_end.send(ipc.MemoryShed(99, (), None, None))  # an answer nobody waits for is dropped quietly
+    worker_end.close()
+    reader.join(5)
+    assert not reader.is_alive()

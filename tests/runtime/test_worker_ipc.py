@@ -34,6 +34,8 @@ MESSAGES = [
     ipc.Outputs((EngineOutput.failure("a", "boom", "engine_error"),)),
     ipc.Pong(EngineStats(EngineLoad(2, 1, 0, 2, 0))),
     ipc.Fatal("EngineError: no model"),
+    ipc.ShedMemory(1),
+    ipc.MemoryShed(1, ("embedding context freed (512 tokens)",), 405.3, 383.0),
 ]
 
 

@@ -1,0 +1,161 @@
+"""Which models ModelSwitch keeps loaded (runtime/model_switch.py), with a stand-in worker.
+
+The node tests (test_models.py) run real workers, but three real models on this 2-core machine cost a
+minute of loads per case; what is checked here is only the eviction policy (memory plans against the
+budget, max_loaded_models, memory pressure, least recently active first), which does not depend on what
+the worker runs. So the worker is a stand-in that records start/load/unload and answers each request at
+once: a fake on purpose, for the policy alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from edgellm.engine.types import EngineOutput, EngineRequest
+from edgellm.runtime.ipc import WorkerConfig
+from edgellm.runtime.model_switch import ModelSwitch
+from edgellm.runtime.supervisor import EngineState
+
+MIB = 2**20
+
+
+class StandInWorker:
+    """Starts, loads and unloads at once; a submitted request finishes at once (through on_output)."""
+
+    def __init__(self, name: str, on_output, events: list[tuple[str, str]]):
+        self.name, self.on_output, self.events = name, on_output, events
+        self.state = EngineState.STOPPED
+        self.info: dict[str, Any] = {"model_name": name}
+        self.stats: dict[str, Any] = {}
+        self.pid = id(self)
+
+    def start(self) -> None:
+        self.events.append(("load", self.name))
+        self.state = EngineState.READY
+
+    def load(self, config: WorkerConfig) -> None:
+        self.start()
+
+    def unload(self) -> None:
+        self.events.append(("unload", self.name))
+        self.state = EngineState.UNLOADED
+
+    def close(self) -> None:
+        self.state = EngineState.STOPPED
+
+    def submit(self, request: EngineRequest) -> None:
+        assert self.state is EngineState.READY, f"{request.request_id} reached {self.name} while {self.state}"
+        self.on_output([EngineOutput.failure(request.request_id, f"answered by {self.name}", "cancelled")])
+
+    def in_flight(self) -> int:
+        return 0
+
+    def health(self) -> dict[str, Any]:
+        return {"state": self.state.value}
+
+
+class Harness:
+    def __init__(self, sizes: dict[str, int], budget: int, **kw):
+        self.events: list[tuple[str, str]] = []
+        self.answered: dict[str, str] = {}
+        self.done = threading.Condition()
+
+        def on_output(outs: list[EngineOutput]) -> None:
+            with self.done:
+                for out in outs:
+                    self.answered[out.request_id] = out.error
+                self.done.notify_all()
+
+        configs = {mid: WorkerConfig(model=None) for mid in sizes}  # type: ignore[arg-type]
+        self.switch = ModelSwitch(
+            lambda mid, cfg: StandInWorker(mid, on_output, self.events),
+            configs,
+            plan_bytes=sizes,
+            budget_bytes=budget,
+            switch_after_s=0.0,
+            **kw,
+        )
+        self.switch.start()
+        self.n = 0
+
+    def ask(self, model: str) -> str:
+        self.n += 1
+        rid = f"r{self.n}"
+        self.switch.dispatch(model, rid, lambda: EngineRequest(request_id=rid, messages=[], model=model))
+        with self.done:
+            assert self.done.wait_for(lambda: rid in self.answered, timeout=10), f"{rid} for {model} not answered"
+        return self.answered[rid]
+
+    def loaded(self) -> list[str]:
+        return sorted(m["id"] for m in self.switch.model_states() if m["state"] == "loaded")
+
+
+@pytest.fixture
+def harness():
+    made: list[Harness] = []
+
+    def make(sizes, budget, **kw) -> Harness:
+        made.append(Harness(sizes, budget, **kw))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.switch.close()
+
+
+def test_models_that_fit_stay_loaded_and_the_least_recently_active_goes_first(harness):
+    h = harness({"a": 100 * MIB, "b": 100 * MIB, "c": 100 * MIB}, budget=250 * MIB)
+    assert h.ask("a") == "answered by a"
+    assert h.ask("b") == "answered by b"
+    assert h.loaded() == ["a", "b"]  # 200 MiB of plans in a 250 MiB budget
+    assert h.ask("c") == "answered by c"
+    assert h.loaded() == ["b", "c"]  # a was the least recently active
+    assert h.ask("b") == "answered by b"  # still loaded: no load
+    assert h.ask("a") == "answered by a"
+    assert h.loaded() == ["a", "b"]  # c went: b had worked after it
+    assert h.events == [
+        ("load", "a"),
+        ("load", "b"),
+        ("unload", "a"),
+        ("load", "c"),
+        ("unload", "c"),
+        ("load", "a"),
+    ]
+
+
+def test_max_loaded_models_caps_what_the_budget_would_allow(harness):
+    h = harness({"a": MIB, "b": MIB, "c": MIB}, budget=1024 * MIB, max_loaded=2)
+    for model in ("a", "b", "c"):
+        h.ask(model)
+    assert h.loaded() == ["b", "c"]
+
+
+def test_a_model_without_a_plan_or_under_memory_pressure_is_loaded_alone(harness):
+    h = harness({"a": MIB, "b": None}, budget=1024 * MIB)  # type: ignore[dict-item]
+    h.ask("a")
+    h.ask("b")
+    assert h.loaded() == ["b"]  # b's size is not known: it does not share
+
+    short = {"ok": True}
+    h = harness({"a": MIB, "b": MIB}, budget=1024 * MIB, memory_ok=lambda: short["ok"])
+    h.ask("a")
+    short["ok"] = False
+    h.ask("b")
+    assert h.loaded() == ["b"]  # memory was short when b loaded: a went first
+
+
+def test_shed_idle_unloads_every_loaded_model_and_the_next_request_loads_one_again(harness):
+    h = harness({"a": MIB, "b": MIB}, budget=1024 * MIB)
+    h.ask("a")
+    h.ask("b")
+    assert "a, b" in (h.switch.shed_idle() or "")
+    deadline = time.monotonic() + 5
+    while h.loaded() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert h.loaded() == []
+    assert h.ask("a") == "answered by a"
+    assert h.loaded() == ["a"]
