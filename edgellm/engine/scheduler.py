@@ -762,7 +762,12 @@ class Scheduler:
 
     def media_caps(self) -> dict:
         caps = self.projector.caps if self.projector is not None else MediaCaps()
-        return {**caps.to_dict(), "error": self.projector_error}
+        media = {**caps.to_dict(), "error": self.projector_error}
+        if self.projector is not None:  # where it runs, and why not on the GPU when it fell back (/health)
+            media["projector_on_gpu"] = self.projector.on_gpu
+            if self.projector.fallback_reason:
+                media["projector_fallback_reason"] = self.projector.fallback_reason
+        return media
 
     def close(self) -> None:
         # Wait for a preparation in progress: it tokenizes with the model the caller frees next.

@@ -38,6 +38,7 @@ from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_bod
 from edgellm.runtime.http_common import authenticate as authenticate_request
 from edgellm.runtime.http_guard import CountResponses, Drain, GuardConfig, HttpGuard, remember_request_id
 from edgellm.runtime.ipc import WorkerConfig
+from edgellm.runtime.live_settings import classify
 from edgellm.runtime.memory_pressure import MemoryPressure, Thresholds, trim_heap
 from edgellm.runtime.model_switch import ModelSwitch
 from edgellm.runtime.openai_routes import add_openai_routes
@@ -92,6 +93,8 @@ def worker_config(settings: Settings, model: ModelConfig | None = None) -> Worke
         energy_interval_s=settings.energy_sample_interval_s,
         force_gpu_failure=settings.force_gpu_failure,
         force_gpu_context_failure=settings.force_gpu_context_failure,
+        force_gpu_context_max_cells=settings.force_gpu_context_max_cells,
+        force_gpu_projector_failure=settings.force_gpu_projector_failure,
     )
 
 
@@ -106,8 +109,8 @@ def memory_pressure(settings: Settings) -> MemoryPressure | None:
     if not limits.enabled:
         return None
     gate = MemoryPressure(limits, settings.memory_pressure_root, settings.memory_pressure_interval_s)
-    # What this process can give back. With a model switch (several models, or idle_unload_s) the idle
-    # model's worker is unloaded too (added in lifespan); a lone worker has no reload path to shed by.
+    # What this process can give back; the engine workers' caches, and with a model switch (several
+    # models, or idle_unload_s) the idle models' workers, are added in lifespan.
     gate.on_critical.append(trim_heap)
     return gate
 
@@ -226,10 +229,12 @@ def create_app(
             )
         else:
             client = make_worker("", worker)
-        if pressure is not None and isinstance(client, WorkerEngine):  # its caches; its model stays loaded
+        if pressure is not None:
+            # First the caches each loaded worker can rebuild (its model stays loaded), then, with a model
+            # switch, every idle model's whole worker.
             pressure.on_critical.append(client.shed_caches)
-        if pressure is not None and isinstance(client, ModelSwitch):
-            pressure.on_critical.append(client.shed_idle)  # idle models' workers go first
+            if isinstance(client, ModelSwitch):
+                pressure.on_critical.append(client.shed_idle)
         service.bind(client, asyncio.get_running_loop())
         drain.bind(asyncio.get_running_loop())
         if service.energy is not None:
@@ -266,6 +271,24 @@ def create_app(
     app.state.service = service
     drain = Drain()  # cli.py starts it on SIGTERM
     app.state.drain = drain
+
+    def apply_settings(new: Settings) -> tuple[str, ...]:
+        """Take the request rules of `new` at once (runtime/live_settings.py LIVE; the caller checked that
+        nothing else changed). Called on the app's event loop thread. Returns what changed."""
+        nonlocal mode
+        changed = classify(app.state.settings, new).live
+        mode = ResponseMode(new.response_format)
+        service.config = service_config(new)
+        if {"tokens", "rate_limit_per_minute"} & set(changed):
+            service.auth = Authenticator(new.tokens, rate_limit_per_minute=new.rate_limit_per_minute)
+        registry.ttl_s = new.request_ttl
+        logging.getLogger("edgellm").setLevel(new.log_level.upper())
+        app.state.settings = new
+        log.info("settings changed without a restart: %s", ", ".join(changed) or "nothing")
+        return changed
+
+    app.state.settings = settings
+    app.state.apply_settings = apply_settings
 
     def respond(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
         return SafeJSONResponse(envelope(value, mode, node), status_code=status, headers=headers)

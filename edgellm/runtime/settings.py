@@ -238,6 +238,10 @@ class Settings(BaseSettings):
     engine_start_backoff_s: float = Field(1.0, ge=0, le=60)
     force_gpu_failure: bool = False  # test hook: make the GPU load fail to exercise the CPU fallback
     force_gpu_context_failure: bool = False  # test hook: make the GPU context creation fail (same fallback)
+    # test hooks: a pretend GPU that holds only this many KV cells (the shrink ladder, engine/model.py), and
+    # a projector whose GPU init fails (it then runs on the CPU)
+    force_gpu_context_max_cells: int | None = Field(None, ge=1)
+    force_gpu_projector_failure: bool = False
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -53,7 +53,7 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
     logging.getLogger("llama-cpp-python").setLevel(
         logging.DEBUG if config.log_level.upper() == "DEBUG" else logging.ERROR
     )
-    test_hooks.install(test_hooks.FaultHooks(config.force_gpu_failure, config.force_gpu_context_failure))
+    test_hooks.install(config.fault_hooks())
     parent = os.getppid()
     try:
         # Each phase is told before it begins: if llama.cpp kills the process in it, the supervisor

@@ -313,7 +313,7 @@ def python_path(tmp_path: Path, real: dict[str, str]) -> str:
 
 
 def python310() -> str:
-    out = subprocess.run(["bash", str(REPO / "tools" / "python310.sh")], capture_output=True, text=True)
+    out = subprocess.run(["bash", str(REPO / "tools" / "find_python.sh"), "3.10"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr  # the CI machine kind has CPython 3.10 (pyenv)
     return out.stdout.strip()
 

@@ -8,6 +8,7 @@ One node per module (`ratio1_node`), started by `edgellm.ratio1.launcher` (the c
 - auth: PREDEFINED_AUTH_TOKENS on loopback (auth is enforced even there);
 - broken: a MODEL_PATH that is not a GGUF (an engine failure answers at once);
 - unsafe: HOST 0.0.0.0 without a token (refused);
+- live: reconfigured by pipeline updates (UPDATE_CONFIG) while it serves;
 and a second plugin entry under upstream's signature LLM_INFERENCE_API (the opt-in alias, which the
 launcher installs in the work dir) as a stock-node pipeline would write it:
 - upstream: the model as upstream names it (STARTUP_AI_ENGINE_PARAMS MODEL_NAME + MODEL_FILENAME, read
@@ -71,7 +72,19 @@ def extra_pipelines(ports: dict[str, int], workdir: Path) -> list[dict]:
     synth["PLUGINS"][0]["INSTANCES"][0].update(
         API_PORT=ports["raw"], COUNT=SYNTH_COUNT, CONCURRENCY=2, MAX_TOKENS=96, PROGRESS_INTERVAL=1
     )
-    return [synth]
+    # A test-only plugin that sends UPDATE_CONFIG from inside the node (there is no deeploy offline):
+    # tests/ratio1/node_plugins, put in the node's plugins/ folder by the fixture.
+    pusher = {
+        "NAME": "edgellm_test_config",
+        "TYPE": "Void",
+        "PLUGINS": [
+            {
+                "SIGNATURE": "EDGELLM_TEST_CONFIG_PUSHER",
+                "INSTANCES": [{"INSTANCE_ID": "pusher", "INBOX": str(workdir / "config_updates")}],
+            }
+        ],
+    }
+    return [synth, pusher]
 
 
 HF_REPO = "edgellm-test/SmolLM2-135M-Instruct-GGUF"
@@ -127,6 +140,7 @@ def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
                     },
                     # Anonymous on all interfaces: refused by the config check, answers 503 on loopback.
                     {"INSTANCE_ID": "unsafe", "PORT": ports["unsafe"], "HOST": "0.0.0.0"},
+                    {"INSTANCE_ID": "live", "PORT": ports["live"], "N_SLOTS": 1, "N_CTX": 1024},
                 ],
             },
             {
@@ -178,6 +192,21 @@ class WatchedRatio1Node(Ratio1Node):
         watch(self.node.pid, group=True)
 
 
+NODE_PLUGINS = Path(__file__).resolve().parent / "node_plugins" / "business"
+REPO_PLUGINS = Path(__file__).resolve().parents[2] / "plugins" / "business"
+
+
+def node_plugins(workdir: Path) -> None:
+    """The node's plugins/ folder as a real folder (the launcher keeps one it finds): this repo's
+    plugins plus the test-only ones, each linked."""
+    business = workdir / "plugins" / "business"
+    business.mkdir(parents=True)
+    for src in [*REPO_PLUGINS.iterdir(), *NODE_PLUGINS.iterdir()]:
+        if src.is_dir() and not src.name.startswith("__"):
+            (business / src.name).symlink_to(src, target_is_directory=True)
+    (workdir / "config_updates").mkdir()
+
+
 @pytest.fixture(scope="module")
 def ratio1_node(tmp_path_factory) -> Ratio1Node:
     """One real offline node for the module; stopped (SIGINT to its process group) at the end."""
@@ -190,7 +219,9 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
     workdir = tmp_path_factory.mktemp("ratio1-node")
     broken = workdir / "not-a-model.gguf"
     broken.write_bytes(b"this is not a GGUF file\n" * 64)
-    ports = {name: free_port() for name in ("wrapped", "raw", "auth", "broken", "unsafe", "upstream", "not_pulled")}
+    names = ("wrapped", "raw", "auth", "broken", "unsafe", "live", "upstream", "not_pulled")
+    ports = {name: free_port() for name in names}
+    node_plugins(workdir)
     hf_cache = hf_cache_with_the_bundled_model(workdir / "hf-hub")
     node = WatchedRatio1Node(
         NodeOptions(
@@ -212,6 +243,7 @@ def ratio1_node(tmp_path_factory) -> Ratio1Node:
         node.wait_http(by_id["unsafe"], timeout_s=120, ok=(503,))
         node.wait_http(by_id["upstream"], timeout_s=120)
         node.wait_http(by_id["not_pulled"], timeout_s=120, ok=(503,))
+        node.wait_http(by_id["live"], timeout_s=120)
         yield node
     finally:
         node.stop()
@@ -566,3 +598,74 @@ def test_synthetic_data_plugin_writes_schema_valid_records(ratio1_node):
     ]
     rate = re.search(r"'SYNTH_RECORDS_PER_MIN': ([0-9.]+)", done[-1])
     print(f"\nsynthetic data plugin through the Ratio1 node: {rate.group(1) if rate else '?'} valid records/min")
+
+
+# -- live config: pipeline updates while the instance serves -----------------------------------------
+LIVE_TOKEN = "ratio1-live-token-19ce"
+
+
+def push_update(node: Ratio1Node, pipeline: dict, n: int) -> None:
+    """An UPDATE_CONFIG for `pipeline`, sent by the node's test pusher plugin (see extra_pipelines)."""
+    inbox = node.workdir / "config_updates"
+    (inbox / f"update-{n}.tmp").write_text(json.dumps(pipeline))
+    (inbox / f"update-{n}.tmp").rename(inbox / f"update-{n}.json")  # whole, or not at all
+
+
+def _until(what: str, predicate, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_a_pipeline_update_takes_request_rules_live_and_rebuilds_the_engine_drained(ratio1_node):
+    """UPDATE_CONFIG on the real node: RESPONSE_FORMAT and tokens are taken at once (same engine worker);
+    N_CTX restarts the engine drained: an async request accepted before completes, a request sent
+    during the rebuild waits and is answered (no 503), and the new worker runs the new context."""
+    pipeline = json.loads(json.dumps(ratio1_node.options.pipelines[0]))
+    live = next(i for p in pipeline["PLUGINS"] for i in p["INSTANCES"] if i["INSTANCE_ID"] == "live")
+    auth = {"Authorization": f"Bearer {LIVE_TOKEN}"}
+    with httpx.Client(base_url=url_of(ratio1_node, "live"), timeout=180) as c:
+        first_pid = c.get("/health").json()["result"]["engine"]["worker_pid"]
+        assert "result" in c.post("/create_chat_completion", json=chat(max_tokens=16)).json()  # WRAPPED
+
+        live.update(RESPONSE_FORMAT="RAW", PREDEFINED_AUTH_TOKENS=[LIVE_TOKEN])
+        push_update(ratio1_node, pipeline, 1)
+        _until("the token to be required", lambda: c.get("/status").status_code == 401)
+        r = c.post("/create_chat_completion", json=chat(max_tokens=16), headers=auth)
+        assert r.status_code == 200 and set(r.json()) == {"REQUEST_ID", "MODEL_NAME", "TEXT_RESPONSE", "FULL_OUTPUT"}
+        assert c.get("/health", headers=auth).json()["engine"]["worker_pid"] == first_pid  # no restart
+
+        long = chat("Count from one to one hundred in words.", max_tokens=160, temperature=0)
+        accepted = c.post("/create_chat_completion_async", json=long, headers=auth)
+        assert accepted.status_code == 200, accepted.text
+        request_id = accepted.json()["request_id"]
+        live.update(N_CTX=2048)
+        push_update(ratio1_node, pipeline, 2)
+
+        def restarted():
+            r = c.get("/health", headers=auth)
+            return r.status_code == 200 and r.json()["engine"]["worker_pid"] not in (None, first_pid)
+
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: answers.extend(
+                c.post("/create_chat_completion", json=chat(max_tokens=16), headers=auth) for _ in range(6)
+            )
+        )
+        sender.start()  # back to back across the rebuild: held while it runs, never refused
+        _until("the engine to restart with the new config", restarted, timeout=180)
+        sender.join(180)
+        assert [r.status_code for r in answers] == [200] * 6, [r.text for r in answers if r.status_code != 200]
+        info = c.get("/status", headers=auth).json()["engine_info"]
+        assert info["n_ctx"] == 2048, info
+
+        def finished():
+            r = c.get("/request_status", params={"request_id": request_id}, headers=auth).json()
+            return r if r["status"] != "pending" else None
+
+        done = _until("the request accepted before the rebuild", finished)
+        assert done["status"] == "completed", done

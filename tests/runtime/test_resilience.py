@@ -90,3 +90,20 @@ def test_failed_gpu_load_or_context_falls_back_to_cpu_and_health_says_so(tmp_pat
             assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
     finally:
         node.stop()
+
+
+def test_a_gpu_context_that_does_not_fit_shrinks_the_slots_before_falling_back_to_the_cpu(tmp_path):
+    # The pretend GPU (test hook, carried to the worker like the ones above: no GPU here) holds 4096 KV
+    # cells: 4 slots x 2048 do not fit, 2 x 2048 do; the node serves with 2 slots, layers on the "GPU".
+    env = {"EDGELLM_FORCE_GPU_CONTEXT_MAX_CELLS": "4096"}
+    node = NodeProcess(tmp_path, "--n-gpu-layers", "99", "--n-ctx", "8192", "--n-slots", "4", env=env).start()
+    try:
+        with node.client() as c:
+            offload = c.get("/health").json()["result"]["offload"]
+            assert offload["n_gpu_layers"] > 0, offload
+            assert "4x2048 did not fit" in offload["fallback_reason"] and "running 2x2048" in offload["fallback_reason"]
+            info = c.get("/status").json()["result"]["engine_info"]
+            assert (info["n_slots"], info["slot_ctx"]) == (2, 2048), info
+            assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
+    finally:
+        node.stop()

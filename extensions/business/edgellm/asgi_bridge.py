@@ -185,6 +185,15 @@ class AsgiAppRunner:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5.0)
 
+    def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
+        """Run `fn(app)` on the loop thread (where the app's state lives), once the app has started."""
+
+        async def _run() -> Any:
+            await asyncio.wrap_future(self._started)
+            return fn(self._app)
+
+        return asyncio.run_coroutine_threadsafe(_run(), self._loop)
+
     # -- requests --------------------------------------------------------------------------
     def submit(self, request: HttpRequest) -> concurrent.futures.Future[HttpReply]:
         """Hand a request to the app; the future resolves with its whole reply (never with an exception)."""

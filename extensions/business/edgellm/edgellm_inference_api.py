@@ -29,15 +29,19 @@ import logging
 import os
 import shlex
 import sys
+import threading
+import time
 
 from naeural_core.business.default.web_app.fast_api_web_app import FastApiWebAppPlugin as BasePlugin
 
+from edgellm.runtime.live_settings import classify
 from extensions.business.edgellm.asgi_bridge import (
     REPLY_MARK,
     AsgiAppRunner,
     HttpRequest,
     edgellm_error_reply,
 )
+from extensions.business.edgellm.held_requests import HeldRequests
 from extensions.business.edgellm.plugin_config import (
     PLUGIN_DEFAULTS,
     node_identity,
@@ -92,38 +96,139 @@ class EdgellmInferenceApiPlugin(BasePlugin):
         self._settings = None
         self._settings_error = None
         self._node = None
+        self._held = None  # HeldRequests while a pipeline update rebuilds the app
+        self._config_again = False  # an update came during that rebuild: read the config once more after it
+        self._settings, self._settings_error = self._settings_now()
+        if self._settings_error is not None:  # SettingsError: every request is answered 503 with this message
+            self.P(f"{self._signature} config refused: {self._describe(self._settings_error)}", color="r")
+        super().on_init()
+        self._node = node_identity(self.get_additional_fastapi_data(), version=str(self.ee_ver))
+        if self._settings is not None:
+            _log_edgellm_to_stderr(self._settings.log_level)
+            self._runner = self._start_runner(self._settings)
+        return
+
+    def _settings_now(self):
+        """(Settings, None) from the instance's current config, or (None, the error)."""
         config = {key: getattr(self, "cfg_" + key.lower()) for key in PLUGIN_DEFAULTS}
         # What the pipeline itself set, too: an upstream param we cannot honour must be seen to be refused.
         given = {str(k).upper(): v for k, v in (self.get_upstream_config() or {}).items()}
         config = {**given, **config}
         instance_key = f"{self.get_stream_id()}__{self.get_instance_id()}"
         try:
-            self._settings = settings_from_config(config, data_folder=self.get_data_folder(), instance_key=instance_key)
-        except Exception as exc:  # SettingsError: every request is answered 503 with this message
-            self._settings_error = exc
-            self.P("{} config refused: {}".format(self._signature, getattr(exc, "message", exc)), color="r")
-        super().on_init()
-        self._node = node_identity(self.get_additional_fastapi_data(), version=str(self.ee_ver))
-        if self._settings is not None:
-            _log_edgellm_to_stderr(self._settings.log_level)
-            self._runner = AsgiAppRunner(
-                self._create_app,
-                server=(self._settings.host, int(self.port or 0)),
-                error_reply=self._error_reply,
-                name=f"edgellm-{self.get_instance_id()}",
-            )
-            self._runner.start()
-            s = self._settings
-            self.P(
-                f"edgellm app starting: {s.n_slots} slots x {s.n_ctx} ctx, {s.response_format.value} on "
-                f"{s.host}:{self.port}, state {s.state_dir}"
-            )
-        return
+            return settings_from_config(config, data_folder=self.get_data_folder(), instance_key=instance_key), None
+        except Exception as exc:
+            return None, exc
 
-    def _create_app(self):
+    @staticmethod
+    def _describe(exc):
+        return getattr(exc, "message", None) or str(exc)
+
+    def _start_runner(self, settings):
+        runner = AsgiAppRunner(
+            lambda: self._create_app(settings),
+            server=(settings.host, int(self.port or 0)),
+            error_reply=self._error_reply,
+            name=f"edgellm-{self.get_instance_id()}",
+        )
+        runner.start()
+        self.P(
+            f"edgellm app starting: {settings.n_slots} slots x {settings.n_ctx} ctx, {settings.response_format.value} "
+            f"on {settings.host}:{self.port}, state {settings.state_dir}"
+        )
+        return runner
+
+    # -- pipeline updates (deeploy, UPDATE_CONFIG): naeural_core calls on_config on its manager thread --
+    def on_config(self):
+        super().on_config()  # the web app's own part (a changed tunnel engine)
+        new, error = self._settings_now()
+        if error is not None:
+            self.P(f"config update refused, the running config stays: {self._describe(error)}", color="r")
+            return
+        if self._held is not None:  # a rebuild is under way: it reads the config again when it is done
+            self._config_again = True
+            return
+        if self._runner is None:  # the config was refused at start; now it is good
+            self._settings, self._settings_error = new, None
+            _log_edgellm_to_stderr(new.log_level)
+            self._runner = self._start_runner(new)
+            return
+        change = classify(self._settings, new)
+        if change.empty:
+            return
+        if change.refused:
+            self.P(
+                f"config update refused, the running config stays: {', '.join(change.refused)} cannot change while "
+                "the instance runs (the node's web server listens there); restart the instance for it",
+                color="r",
+            )
+            return
+        if change.restart:
+            self._rebuild(new, change)
+            return
+        # Request rules only: taken at once on the app's loop, without blocking this thread.
+        self._settings = new
+        applied = self._runner.call(lambda app: app.state.apply_settings(new))
+        applied.add_done_callback(
+            lambda f: self.P(
+                f"config updated live: {', '.join(change.live)}"
+                if f.exception() is None
+                else f"config update failed: {f.exception()!r}",
+                color="g" if f.exception() is None else "r",
+            )
+        )
+
+    def _rebuild(self, new, change):
+        """A drained restart of the app and its engine: requests that arrive meanwhile are held (not
+        refused); the old app finishes what it has (up to shutdown_grace_s; pending async work stays in
+        the durable registry, which the new app recovers); then the new app starts and takes the held
+        requests in arrival order."""
+        old_runner, old = self._runner, self._settings
+        held = self._held = HeldRequests()
+        self.P(f"config update: {', '.join(change.restart)} changed: restarting the engine (drained)", color="y")
+
+        def run():
+            started = time.monotonic()
+            deadline = started + float(old.shutdown_grace_s)
+            while time.monotonic() < deadline:
+                try:
+                    busy = old_runner.call(lambda app: app.state.service.in_flight()).result(5)
+                except Exception:  # the old app is not answering: nothing more to wait for
+                    break
+                if not busy:
+                    break
+                time.sleep(0.1)
+            old_runner.stop(timeout_s=float(old.shutdown_grace_s) + 10.0)
+            self._settings = new
+            _log_edgellm_to_stderr(new.log_level)
+            self._runner = runner = self._start_runner(new)
+            # The held requests go once the new engine is ready (its app answers 503 while it starts), or
+            # once it has failed to start: then they get its reason, as any request would.
+            ready_by = time.monotonic() + 600
+            while time.monotonic() < ready_by:
+                try:
+                    ready, body = runner.call(lambda app: app.state.service.health()).result(30)
+                except Exception:  # the app could not start: its error reply says why
+                    break
+                if ready or body.get("engine", {}).get("state") == "failed":
+                    break
+                time.sleep(0.1)
+            self._held = None
+            n = held.release(runner)
+            self.P(
+                f"engine restarted with the new config in {time.monotonic() - started:.1f} s; "
+                f"{n} request(s) held meanwhile sent to it"
+            )
+            if self._config_again:
+                self._config_again = False
+                self.on_config()
+
+        threading.Thread(target=run, name=f"edgellm-rebuild-{self.get_instance_id()}", daemon=True).start()
+
+    def _create_app(self, settings):
         from edgellm.runtime.app import create_app  # in the runner's thread: the engine starts from its lifespan
 
-        return create_app(self._settings, node=self._node)
+        return create_app(settings, node=self._node)
 
     def _error_reply(self, exc, request=None):
         mode = self._settings.response_format if self._settings is not None else PLUGIN_DEFAULTS["RESPONSE_FORMAT"]
@@ -198,6 +303,9 @@ class EdgellmInferenceApiPlugin(BasePlugin):
     def handle_http(self, method: str, path: str, query: str, headers: list, body: str, client: list = None):
         """The one endpoint main.py calls: a whole HTTP request in, a whole HTTP reply out."""
         request = HttpRequest.from_wire(method, path, query, headers, body, client)
+        held = self._held
+        if held is not None:  # a pipeline update is rebuilding the app: the request waits for the new one
+            return self._poll(held.hold(request))
         if self._runner is None:
             return self._error_reply(
                 self._settings_error or RuntimeError("the plugin is not started"), request
