@@ -4,11 +4,12 @@ A Ratio1 pipeline update (deeploy, UPDATE_CONFIG) changes an instance's config w
 request rules (sampling bounds, timeouts, the body shape, tokens, the rate limit, the records' TTL)
 are read per request, so they change at once (`LIVE`). The engine is built from the model, its
 context and slots, its threads and GPU layers, and so is everything sized from them at start (the
-memory plan, the queue bound the worker enforces, body limits the routes were made with): those need
+memory plan, the queue bound the worker enforces): those need
 a drained restart of the app and its engine (in-flight work finishes, pending async work waits in the
-durable registry, requests that arrive meanwhile wait for the new app). The listening address is the
-node's own web server's (its uvicorn is started with HOST and PORT): this process cannot move it, so a
-change there is refused, said, and the running config kept (`REFUSED`).
+durable registry, requests that arrive meanwhile wait for the new app). The listening address, the body
+limit and the IPC wait are the node's own web server's (its uvicorn runs a main.py rendered at start):
+this process cannot change them, so such an update is refused, said, and the running config kept
+(`REFUSED`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ LIVE: frozenset[str] = frozenset(
     {
         "response_format",
         "request_timeout",
-        "max_request_timeout",
         "request_ttl",
         "temperature_min",
         "temperature_max",
@@ -34,7 +34,9 @@ LIVE: frozenset[str] = frozenset(
         "log_level",
     }
 )
-REFUSED: frozenset[str] = frozenset({"host", "port"})
+# Held by the node's own web server, rendered and started once (its main.py: the bind address, the body
+# limit, the IPC wait derived from the longest request timeout).
+REFUSED: frozenset[str] = frozenset({"host", "port", "max_body_bytes", "max_request_timeout"})
 
 
 @dataclass(frozen=True)

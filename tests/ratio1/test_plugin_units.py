@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 
 from edgellm.api.envelope import NodeIdentity, ResponseMode
 from edgellm.errors import InvalidRequest
+from edgellm.runtime.live_settings import classify
 from edgellm.runtime.settings import SettingsError
 from extensions.business.edgellm.asgi_bridge import (
     REPLY_MARK,
@@ -20,6 +21,7 @@ from extensions.business.edgellm.asgi_bridge import (
     HttpRequest,
     edgellm_error_reply,
 )
+from extensions.business.edgellm.held_requests import HeldRequests
 from extensions.business.edgellm.plugin_config import (
     PLUGIN_DEFAULTS,
     node_identity,
@@ -443,3 +445,37 @@ def test_install_copies_the_plugin_beside_upstreams_and_the_alias_is_opt_in(tmp_
     assert "upstream's" in upstream.with_name("llm_inference_api.py.upstream").read_text()
     install(app)  # without the flag: upstream's file is back
     assert "upstream's" in upstream.read_text() and not upstream.with_name("llm_inference_api.py.upstream").exists()
+
+
+# -- pipeline updates: what changes live, what rebuilds, what is refused -------------------------------
+def _settings(tmp_path, **config):
+    return settings_from_config(
+        {**PLUGIN_DEFAULTS, **config}, data_folder=str(tmp_path), instance_key="p__i", environ={}
+    )
+
+
+def test_a_config_update_is_sorted_into_live_rebuild_and_refused(tmp_path):
+    base = _settings(tmp_path)
+    live = classify(base, _settings(tmp_path, RESPONSE_FORMAT="RAW", PREDEFINED_AUTH_TOKENS=["t-1"], TEMPERATURE_MAX=1))
+    assert set(live.live) == {"response_format", "tokens", "temperature_max"} and not live.restart and not live.refused
+    rebuild = classify(base, _settings(tmp_path, N_CTX=2048, RESPONSE_FORMAT="RAW"))
+    assert rebuild.restart == ("n_ctx",) and rebuild.live == ("response_format",)
+    refused = classify(base, _settings(tmp_path, MAX_BODY_BYTES=2_000_000, N_SLOTS=2))
+    assert refused.refused == ("max_body_bytes",) and refused.restart == ("n_slots",)
+    assert classify(base, _settings(tmp_path)).empty
+
+
+def test_held_requests_wait_for_the_new_app_and_none_falls_between(tmp_path):
+    events: list[str] = []
+    held = HeldRequests()
+    early = [held.hold(HttpRequest("POST", "/echo", body=f"r{i}".encode())) for i in range(3)]
+    assert not any(f.done() for f in early) and len(held) == 3
+    runner = AsgiAppRunner(lambda: make_app(events), error_reply=error_reply)
+    runner.start()
+    try:
+        assert held.release(runner) == 3
+        assert [json.loads(wait(f).body)["body"] for f in early] == ["r0", "r1", "r2"]
+        late = held.hold(HttpRequest("POST", "/echo", body=b"after"))  # after the release: straight through
+        assert json.loads(wait(late).body)["body"] == "after" and len(held) == 0
+    finally:
+        runner.stop()

@@ -159,7 +159,7 @@ class EdgellmInferenceApiPlugin(BasePlugin):
         if change.refused:
             self.P(
                 f"config update refused, the running config stays: {', '.join(change.refused)} cannot change while "
-                "the instance runs (the node's web server listens there); restart the instance for it",
+                "the instance runs (the node's web server holds them from its start); restart the instance for it",
                 color="r",
             )
             return
