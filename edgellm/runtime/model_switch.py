@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgellm.engine.types import EngineOutput, EngineRequest
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import EdgeLLMError, EngineUnavailable
 from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.supervisor import EngineState, WorkerEngine
 
@@ -98,10 +98,10 @@ class ModelSwitch:
         self.loaded: str | None = self.default
         first = self.models[self.default]
         first.state = "loading"
-        first.worker = make_worker(first.id, first.config)
+        self._cond = threading.Condition()
+        first.worker = self._make(first)
         self.switching_to: str | None = None  # decided: the active model's new requests wait
         self.switches = 0
-        self._cond = threading.Condition()
         self._stopping = False
         self._shed = False  # memory pressure asked for the idle models' memory back
         self._thread: threading.Thread | None = None
@@ -245,6 +245,26 @@ class ModelSwitch:
                 m.worker.close()
 
     # -- the switch thread -----------------------------------------------------------------
+    def _make(self, model: _Model) -> WorkerEngine:
+        """A worker for `model`, whose giving up after a crash stops the node only while it is the active
+        one (WorkerEngine.on_failed: serve exits). A loaded model that is not active is marked failed
+        instead: the others go on, and the next request for it loads it again."""
+        worker = self.make_worker(model.id, model.config)
+        escalate = worker.on_failed
+
+        def failed(reason: str) -> None:
+            with self._cond:
+                active = self.loaded == model.id
+                if not active:
+                    model.state, model.last_error = "failed", reason
+            if active and escalate is not None:
+                escalate(reason)
+            elif not active:
+                log.error("model %s (loaded, not active): %s; it loads again at its next request", model.id, reason)
+
+        worker.on_failed = failed
+        return worker
+
     def _workers(self) -> list[WorkerEngine]:
         """The workers of the models loaded or loading."""
         return [m.worker for m in self.models.values() if m.worker is not None and m.state in ("loaded", "loading")]
@@ -310,6 +330,8 @@ class ModelSwitch:
         if not loaded:
             self._shed = False
             return []
+        if self._shed and self.memory_ok is not None and self.memory_ok():
+            self._shed = False  # memory recovered: what is still loaded stays
         if not self.idle_unload_s and not self._shed:
             return []
         idle = []
@@ -328,6 +350,8 @@ class ModelSwitch:
         if self._stopping:
             return
         started = time.monotonic()
+        if target.state == "loaded" and target.worker is not None and target.worker.state is EngineState.FAILED:
+            target.state = "failed"  # its worker gave up after a crash: load it again
         if target.state == "loaded":  # still loaded beside the active one: nothing to load
             with self._cond:
                 self.loaded = target.id
@@ -347,7 +371,7 @@ class ModelSwitch:
 
     def _make_room(self, target: _Model) -> None:
         """Unload the least recently active loaded models until `target` fits beside the rest."""
-        while True:
+        while not self._stopping:
             with self._cond:
                 resident = sorted(
                     (m for m in self.models.values() if m is not target and m.state == "loaded"),
@@ -356,7 +380,12 @@ class ModelSwitch:
                 if not resident or self._fits_beside(target, resident):
                     return
                 victim = resident[0]
-                victim.state = "unloaded"  # under the lock: a request for it now waits for its next load
+                settled = victim.worker is not None and victim.worker.state in (EngineState.READY, EngineState.FAILED)
+                if settled:
+                    victim.state = "unloaded"  # under the lock: a request for it now waits for its next load
+            if not settled:  # restarting after a crash: unloading now would race its new worker
+                time.sleep(0.1)
+                continue
             log.info("model switch: unloading %s to make room for %s", victim.id, target.id)
             victim.worker.unload()  # type: ignore[union-attr]
 
@@ -371,9 +400,12 @@ class ModelSwitch:
         return sum(sizes) <= self.budget_bytes  # type: ignore[arg-type]
 
     def _load(self, model: _Model) -> None:
-        worker = model.worker
-        if worker is None:
-            worker = model.worker = self.make_worker(model.id, model.config)
+        with self._cond:
+            if self._stopping:  # close() has run or runs now: it would not see a worker made after it
+                raise EngineUnavailable("the node is stopping")
+            worker = model.worker
+            if worker is None:
+                worker = model.worker = self._make(model)
         if worker.state is EngineState.STOPPED:
             worker.start()
         elif worker.state is not EngineState.READY:
@@ -414,7 +446,10 @@ class ModelSwitch:
 
     def _unload_idle(self, model: _Model) -> None:
         with self._cond:
-            if model.state != "loaded" or model.waiting or model.worker.in_flight():  # type: ignore[union-attr]
+            worker = model.worker
+            if model.state != "loaded" or model.waiting or worker is None or worker.in_flight():
+                return
+            if worker.state is not EngineState.READY:  # restarting after a crash: not now
                 return
             # Under the lock, before the worker goes: a request that comes now waits for the next load
             # instead of reaching a worker about to stop.

@@ -418,9 +418,9 @@ class Settings(BaseSettings):
             raise SettingsError(f"embedding model file not found: {self.embedding_model_path}")
         return self.embedding_model_path or None
 
-    def model(self) -> ModelConfig:
-        # Before the memory plan and before any worker: a file llama.cpp cannot load (not GGUF, cut
-        # short) stops the node at once, with its name, instead of failing in every start attempt.
+    def check_model_files(self) -> None:
+        """Before the memory plan and before any worker: a file llama.cpp cannot load (missing, not GGUF,
+        cut short) stops the node at once, with its name, instead of failing in every start attempt."""
         files = (
             ("model", self.resolved_model_path()),
             ("mmproj", self.resolved_mmproj_path()),
@@ -433,6 +433,9 @@ class Settings(BaseSettings):
                     check_gguf_file(path)
                 except (OSError, ValueError) as exc:  # both name the file
                     raise SettingsError(f"{what} file cannot be loaded: {exc}") from None
+
+    def model(self) -> ModelConfig:
+        self.check_model_files()
         try:
             plan = self._plan = self.memory_plan()
             n_ctx, n_slots = plan.n_ctx, plan.n_slots

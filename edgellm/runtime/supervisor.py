@@ -151,6 +151,7 @@ class WorkerEngine:
         self._last_pong = 0.0
         self._stopping = threading.Event()
         self._generation = 0  # bumps on each (re)start so a stale reader thread knows to quit
+        self._monitor_started = False
         # shed_caches(): the worker's MemoryShed replies, matched by token (the reader thread posts them).
         self._shed_tokens = itertools.count(1)
         self._shed_reply: ipc.MemoryShed | None = None
@@ -161,14 +162,24 @@ class WorkerEngine:
         """Spawn the worker and block until it is warm. A worker that dies, fails or hangs before READY is
         started again, up to `start_attempts` in all, after start_backoff_s, then twice that...; after
         the last, the state is FAILED and EngineUnavailable says why."""
+        self._ensure_monitor()
         self._start_worker()
-        threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
 
     def load(self, config: WorkerConfig) -> None:
-        """After unload(): a worker for `config` (another model, or the same after an idle unload), started
-        as start() does; what was submitted meanwhile is sent to it once it is READY."""
+        """After unload() or a failed start: a worker for `config` (another model, or the same after an
+        idle unload), started as start() does; what was submitted meanwhile is sent to it once it is READY."""
         self.config = config
+        self._ensure_monitor()
         self._start_worker()
+
+    def _ensure_monitor(self) -> None:
+        """The ping thread, once (it skips a worker that is not READY): also for a client whose first start
+        failed and whose worker a later load() brought up, so a hung worker is still killed."""
+        with self._lock:
+            if self._monitor_started:
+                return
+            self._monitor_started = True
+        threading.Thread(target=self._monitor, name="engine-monitor", daemon=True).start()
 
     def unload(self, timeout_s: float = 30.0) -> None:
         """Stop the worker on purpose (state UNLOADED), not as a crash: the caller has let its work drain.

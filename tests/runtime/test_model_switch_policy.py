@@ -32,6 +32,8 @@ class StandInWorker:
         self.info: dict[str, Any] = {"model_name": name}
         self.stats: dict[str, Any] = {}
         self.pid = id(self)
+        self.on_failed_escalate: list[str] = []
+        self.on_failed = self.on_failed_escalate.append  # the node's: serve would exit
 
     def start(self) -> None:
         self.events.append(("load", self.name))
@@ -159,3 +161,18 @@ def test_shed_idle_unloads_every_loaded_model_and_the_next_request_loads_one_aga
     assert h.loaded() == []
     assert h.ask("a") == "answered by a"
     assert h.loaded() == ["a"]
+
+
+def test_a_loaded_model_that_is_not_active_and_whose_worker_gave_up_is_loaded_again_not_the_node_stopped(harness):
+    h = harness({"a": MIB, "b": MIB}, budget=1024 * MIB)
+    h.ask("a")
+    h.ask("b")  # b active, a loaded beside it
+    a = h.switch.models["a"].worker
+    escalated = a.on_failed_escalate  # what the node's on_failed got
+    a.state = EngineState.FAILED  # its restarts after a crash gave up (supervisor.WorkerEngine)
+    a.on_failed("engine worker killed by SIGKILL while serving")
+    states = {m["id"]: m for m in h.switch.model_states()}
+    assert states["a"]["state"] == "failed" and "SIGKILL" in states["a"]["last_error"]
+    assert escalated == []  # the active model is fine: the node goes on
+    assert h.ask("a") == "answered by a"  # loaded again
+    assert h.loaded() == ["a", "b"] and h.events[-1] == ("load", "a")

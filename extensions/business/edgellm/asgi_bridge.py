@@ -97,6 +97,8 @@ class AsgiAppRunner:
         self._shutdown: asyncio.Event | None = None
         self._lifespan_done: asyncio.Event | None = None
         self._stopping = False
+        self._pending: dict[concurrent.futures.Future[HttpReply], HttpRequest] = {}
+        self._pending_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -184,6 +186,10 @@ class AsgiAppRunner:
             log.error("ASGI app shutdown did not complete: %r", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5.0)
+        with self._pending_lock:  # what the app left unanswered gets the stopping reply, not silence
+            left, self._pending = self._pending, {}
+        for future, request in left.items():
+            future.set_result(self._error_reply(RuntimeError("the plugin is stopping"), request))
 
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         """Run `fn(app)` on the loop thread (where the app's state lives), once the app has started."""
@@ -201,7 +207,23 @@ class AsgiAppRunner:
             done: concurrent.futures.Future[HttpReply] = concurrent.futures.Future()
             done.set_result(self._error_reply(RuntimeError("the plugin is stopping"), request))
             return done
-        return asyncio.run_coroutine_threadsafe(self._call(request), self._loop)
+        inner = asyncio.run_coroutine_threadsafe(self._call(request), self._loop)
+        # Its own future, so that stop() can answer a request the app did not finish (its loop ends).
+        outer: concurrent.futures.Future[HttpReply] = concurrent.futures.Future()
+        with self._pending_lock:
+            self._pending[outer] = request
+
+        def settle(done: concurrent.futures.Future[HttpReply]) -> None:
+            with self._pending_lock:
+                if self._pending.pop(outer, None) is None:
+                    return  # stop() answered it already
+            try:
+                outer.set_result(done.result())
+            except Exception as exc:  # cancelled with the loop: still one reply
+                outer.set_result(self._error_reply(exc, request))
+
+        inner.add_done_callback(settle)
+        return outer
 
     async def _call(self, request: HttpRequest) -> HttpReply:
         try:

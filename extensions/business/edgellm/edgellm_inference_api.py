@@ -98,6 +98,9 @@ class EdgellmInferenceApiPlugin(BasePlugin):
         self._node = None
         self._held = None  # HeldRequests while a pipeline update rebuilds the app
         self._config_again = False  # an update came during that rebuild: read the config once more after it
+        self._config_lock = threading.Lock()
+        self._closing = False
+        self._rebuild_thread = None
         self._settings, self._settings_error = self._settings_now()
         if self._settings_error is not None:  # SettingsError: every request is answered 503 with this message
             self.P(f"{self._signature} config refused: {self._describe(self._settings_error)}", color="r")
@@ -141,34 +144,43 @@ class EdgellmInferenceApiPlugin(BasePlugin):
     # -- pipeline updates (deeploy, UPDATE_CONFIG): naeural_core calls on_config on its manager thread --
     def on_config(self):
         super().on_config()  # the web app's own part (a changed tunnel engine)
+        self._apply_config()
+
+    def _apply_config(self):
         new, error = self._settings_now()
+        if error is None:
+            error = self._cannot_start(new)
         if error is not None:
             self.P(f"config update refused, the running config stays: {self._describe(error)}", color="r")
             return
-        if self._held is not None:  # a rebuild is under way: it reads the config again when it is done
-            self._config_again = True
-            return
-        if self._runner is None:  # the config was refused at start; now it is good
-            self._settings, self._settings_error = new, None
-            _log_edgellm_to_stderr(new.log_level)
-            self._runner = self._start_runner(new)
-            return
-        change = classify(self._settings, new)
-        if change.empty:
-            return
-        if change.refused:
-            self.P(
-                f"config update refused, the running config stays: {', '.join(change.refused)} cannot change while "
-                "the instance runs (the node's web server holds them from its start); restart the instance for it",
-                color="r",
-            )
-            return
-        if change.restart:
-            self._rebuild(new, change)
-            return
-        # Request rules only: taken at once on the app's loop, without blocking this thread.
-        self._settings = new
-        applied = self._runner.call(lambda app: app.state.apply_settings(new))
+        with self._config_lock:  # one decision at a time: the manager thread and a rebuild's end
+            if self._closing:
+                return
+            if self._held is not None:  # a rebuild is under way: it reads the config again when it is done
+                self._config_again = True
+                return
+            if self._runner is None:  # the config was refused at start; now it is good
+                self._settings, self._settings_error = new, None
+                _log_edgellm_to_stderr(new.log_level)
+                self._runner = self._start_runner(new)
+                return
+            change = classify(self._settings, new)
+            if change.empty:
+                return
+            if change.refused:
+                self.P(
+                    f"config update refused, the running config stays: {', '.join(change.refused)} cannot change "
+                    "while the instance runs (the node's web server holds them from its start); restart the "
+                    "instance for it",
+                    color="r",
+                )
+                return
+            if change.restart:
+                self._rebuild(new, change)
+                return
+            # Request rules only: taken at once on the app's loop, without blocking this thread.
+            self._settings = new
+            applied = self._runner.call(lambda app: app.state.apply_settings(new))
         applied.add_done_callback(
             lambda f: self.P(
                 f"config updated live: {', '.join(change.live)}"
@@ -178,52 +190,83 @@ class EdgellmInferenceApiPlugin(BasePlugin):
             )
         )
 
+    @staticmethod
+    def _cannot_start(settings):
+        """A model file the new app could not load (missing, not a GGUF), found before the running app is
+        drained for it; None if none. The memory plan is not judged here: the running engine's memory is
+        still taken, so only the new app, once the old one is gone, can tell."""
+        try:
+            for _, served in settings.served_models():
+                served.check_model_files()
+        except Exception as exc:
+            return exc
+        return None
+
     def _rebuild(self, new, change):
-        """A drained restart of the app and its engine: requests that arrive meanwhile are held (not
-        refused); the old app finishes what it has (up to shutdown_grace_s; pending async work stays in
-        the durable registry, which the new app recovers); then the new app starts and takes the held
-        requests in arrival order."""
+        """A drained restart of the app and its engine (under _config_lock): requests that arrive meanwhile
+        are held (not refused); the old app stops admitting and finishes what it has, for up to
+        shutdown_grace_s (then its waiting sync callers get its JSON 503; async work still pending stays
+        in the durable registry, which the new app recovers); the new app starts, and once its engine is
+        ready (or has failed: they then get its reason) the held requests go to it in arrival order."""
         old_runner, old = self._runner, self._settings
         held = self._held = HeldRequests()
         self.P(f"config update: {', '.join(change.restart)} changed: restarting the engine (drained)", color="y")
+        grace = float(old.shutdown_grace_s)
+
+        def drain(app):
+            app.state.service.draining = True
+            app.state.drain.start(grace)
 
         def run():
             started = time.monotonic()
-            deadline = started + float(old.shutdown_grace_s)
-            while time.monotonic() < deadline:
+            runner = None
+            try:
                 try:
-                    busy = old_runner.call(lambda app: app.state.service.in_flight()).result(5)
+                    old_runner.call(drain).result(5)
+                    deadline = started + grace + 2.0  # the drain's own 503s go out at `grace`
+                    while time.monotonic() < deadline:
+                        if not old_runner.call(lambda app: app.state.service.in_flight()).result(5):
+                            break
+                        time.sleep(0.1)
                 except Exception:  # the old app is not answering: nothing more to wait for
-                    break
-                if not busy:
-                    break
-                time.sleep(0.1)
-            old_runner.stop(timeout_s=float(old.shutdown_grace_s) + 10.0)
-            self._settings = new
-            _log_edgellm_to_stderr(new.log_level)
-            self._runner = runner = self._start_runner(new)
-            # The held requests go once the new engine is ready (its app answers 503 while it starts), or
-            # once it has failed to start: then they get its reason, as any request would.
-            ready_by = time.monotonic() + 600
-            while time.monotonic() < ready_by:
-                try:
-                    ready, body = runner.call(lambda app: app.state.service.health()).result(30)
-                except Exception:  # the app could not start: its error reply says why
-                    break
-                if ready or body.get("engine", {}).get("state") == "failed":
-                    break
-                time.sleep(0.1)
-            self._held = None
-            n = held.release(runner)
-            self.P(
-                f"engine restarted with the new config in {time.monotonic() - started:.1f} s; "
-                f"{n} request(s) held meanwhile sent to it"
-            )
-            if self._config_again:
-                self._config_again = False
-                self.on_config()
+                    pass
+                old_runner.stop(timeout_s=grace + 10.0)
+                with self._config_lock:
+                    if self._closing:
+                        return
+                    self._settings = new
+                    _log_edgellm_to_stderr(new.log_level)
+                    self._runner = runner = self._start_runner(new)
+                self._wait_ready(runner)
+            finally:
+                with self._config_lock:
+                    self._held = None
+                    again, self._config_again = self._config_again, False
+                    # Whatever happened above, no request stays held: the new app, or an error reply.
+                    n = held.release(runner) if runner is not None else held.refuse(self._error_reply)
+                self.P(
+                    f"engine restart for the new config ended in {time.monotonic() - started:.1f} s; "
+                    f"{n} request(s) held meanwhile sent on"
+                )
+            if again:
+                self._apply_config()
 
-        threading.Thread(target=run, name=f"edgellm-rebuild-{self.get_instance_id()}", daemon=True).start()
+        self._rebuild_thread = threading.Thread(target=run, name=f"edgellm-rebuild-{self.get_instance_id()}")
+        self._rebuild_thread.daemon = True
+        self._rebuild_thread.start()
+
+    @staticmethod
+    def _wait_ready(runner, timeout_s=600.0):
+        """Until the app's engine is ready or has failed to start (its app answers 503 meanwhile)."""
+        ready_by = time.monotonic() + timeout_s
+        while time.monotonic() < ready_by:
+            try:
+                ready, body = runner.call(lambda app: app.state.service.health()).result(30)
+            except Exception:  # the app could not start: its error reply says why
+                return
+            if ready or body.get("engine", {}).get("state") == "failed":
+                return
+            time.sleep(0.1)
 
     def _create_app(self, settings):
         from edgellm.runtime.app import create_app  # in the runner's thread: the engine starts from its lifespan
@@ -235,9 +278,14 @@ class EdgellmInferenceApiPlugin(BasePlugin):
         return edgellm_error_reply(exc, request.path if request is not None else "/", mode, self._node)
 
     def on_close(self):
+        with self._config_lock:
+            self._closing = True  # a rebuild under way starts no new app
+        grace = float(self._settings.shutdown_grace_s) if self._settings is not None else 20.0
+        if self._rebuild_thread is not None:
+            self._rebuild_thread.join(timeout=grace + 30.0)
         if self._runner is not None:
             self.P("stopping the edgellm app (engine worker, registry)...")
-            self._runner.stop(timeout_s=float(self._settings.shutdown_grace_s) + 10.0)
+            self._runner.stop(timeout_s=grace + 10.0)
             self._runner = None
         super().on_close()
         return

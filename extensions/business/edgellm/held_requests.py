@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable
 
 from extensions.business.edgellm.asgi_bridge import AsgiAppRunner, HttpReply, HttpRequest
 
@@ -19,9 +20,14 @@ class HeldRequests:
         self._lock = threading.Lock()
         self._held: list[tuple[HttpRequest, concurrent.futures.Future[HttpReply]]] = []
         self._runner: AsgiAppRunner | None = None  # set by release(): the app to send to from then on
+        self._refused: Callable[[Exception, HttpRequest], HttpReply] | None = None  # set by refuse()
 
     def hold(self, request: HttpRequest) -> concurrent.futures.Future[HttpReply]:
         with self._lock:
+            if self._refused is not None:
+                done: concurrent.futures.Future[HttpReply] = concurrent.futures.Future()
+                done.set_result(self._refused(RuntimeError("the engine restart for a config update failed"), request))
+                return done
             if self._runner is None:
                 future: concurrent.futures.Future[HttpReply] = concurrent.futures.Future()
                 self._held.append((request, future))
@@ -39,6 +45,17 @@ class HeldRequests:
             held, self._held, self._runner = self._held, [], runner
         for request, future in held:
             _chain(runner.submit(request), future)
+        return len(held)
+
+    def refuse(self, error_reply) -> int:
+        """No app to send to (the rebuild failed before one started): answer each held request with
+        `error_reply(exc, request)`; later ones too."""
+        with self._lock:
+            held, self._held = self._held, []
+            self._refused = error_reply
+        why = RuntimeError("the engine restart for a config update failed; see the node log")
+        for request, future in held:
+            future.set_result(error_reply(why, request))
         return len(held)
 
 
