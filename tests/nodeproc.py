@@ -130,6 +130,17 @@ class NodeProcess:
         return httpx.get(self.base + "/health", timeout=5).json()["result"]["engine"]["worker_pid"]
 
 
+def wait_until(predicate, timeout: float, what: str):
+    """predicate()'s first truthy value, polled every 0.2 s; the test fails naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
 def stop_all() -> None:
     """Stop every node this process started that is still running: at exit and at pytest's session
     finish (Ctrl-C, an error in a fixture, a test that did not stop its node). A SIGKILLed pytest runs

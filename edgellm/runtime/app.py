@@ -150,15 +150,14 @@ def create_app(
     service.pressure = pressure
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
-    # Several models, or one that idles out: the one worker changes what it runs (runtime/model_switch.py).
-    switched = {
-        (entry.id if entry else service.model_name): worker_config(s, config) for entry, s, config in served
-    }
+    # Several models, or one that idles out: runtime/model_switch.py keeps a worker per loaded model.
+    switched = {(entry.id if entry else service.model_name): worker_config(s, config) for entry, s, config in served}
     worker = next(iter(switched.values()))  # the default model's: what the worker starts with
     # What each model's memory plan holds, against the default's budget: which of them fit loaded at once.
     reports = {mid: s.memory_report() for mid, (_, s, _) in zip(switched, served, strict=True)}
     plan_bytes = {mid: int(r["total_bytes"]) if r else None for mid, r in reports.items()}
-    budget_bytes = int(reports[next(iter(switched))]["budget_bytes"]) if reports[next(iter(switched))] else None
+    default_report = next(iter(reports.values()))
+    budget_bytes = int(default_report["budget_bytes"]) if default_report else None
     use_switch = bool(settings.models) or settings.idle_unload_s > 0
 
     async def start_engine(engine: WorkerEngine | ModelSwitch) -> None:

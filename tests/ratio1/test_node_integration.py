@@ -40,6 +40,7 @@ import jsonschema
 import pytest
 
 from edgellm.ratio1.launcher import NodeOptions, Ratio1Node, free_port
+from tests.nodeproc import wait_until
 from tests.process_hygiene import watch
 
 TOKEN = "ratio1-test-token-5b1f0c"
@@ -611,16 +612,6 @@ def push_update(node: Ratio1Node, pipeline: dict, n: int) -> None:
     (inbox / f"update-{n}.tmp").rename(inbox / f"update-{n}.json")  # whole, or not at all
 
 
-def _until(what: str, predicate, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_a_pipeline_update_takes_request_rules_live_and_rebuilds_the_engine_drained(ratio1_node):
     """UPDATE_CONFIG on the real node: RESPONSE_FORMAT and tokens are taken at once (same engine worker);
     N_CTX restarts the engine drained: an async request accepted before completes, a request sent
@@ -634,7 +625,7 @@ def test_a_pipeline_update_takes_request_rules_live_and_rebuilds_the_engine_drai
 
         live.update(RESPONSE_FORMAT="RAW", PREDEFINED_AUTH_TOKENS=[LIVE_TOKEN])
         push_update(ratio1_node, pipeline, 1)
-        _until("the token to be required", lambda: c.get("/status").status_code == 401)
+        wait_until(lambda: c.get("/status").status_code == 401, 120, "the token to be required")
         r = c.post("/create_chat_completion", json=chat(max_tokens=16), headers=auth)
         assert r.status_code == 200 and set(r.json()) == {"REQUEST_ID", "MODEL_NAME", "TEXT_RESPONSE", "FULL_OUTPUT"}
         assert c.get("/health", headers=auth).json()["engine"]["worker_pid"] == first_pid  # no restart
@@ -657,7 +648,7 @@ def test_a_pipeline_update_takes_request_rules_live_and_rebuilds_the_engine_drai
             )
         )
         sender.start()  # back to back across the rebuild: held while it runs, never refused
-        _until("the engine to restart with the new config", restarted, timeout=180)
+        wait_until(restarted, 180, "the engine to restart with the new config")
         sender.join(180)
         assert [r.status_code for r in answers] == [200] * 6, [r.text for r in answers if r.status_code != 200]
         info = c.get("/status", headers=auth).json()["engine_info"]
@@ -667,5 +658,5 @@ def test_a_pipeline_update_takes_request_rules_live_and_rebuilds_the_engine_drai
             r = c.get("/request_status", params={"request_id": request_id}, headers=auth).json()
             return r if r["status"] != "pending" else None
 
-        done = _until("the request accepted before the rebuild", finished)
+        done = wait_until(finished, 120, "the request accepted before the rebuild")
         assert done["status"] == "completed", done

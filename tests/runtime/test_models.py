@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from edgellm.runtime.settings import load_settings
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,16 +54,6 @@ def _chat(c: httpx.Client, model: str, **kw) -> httpx.Response:
 
 def _models(c: httpx.Client) -> dict[str, dict]:
     return {m["id"]: m for m in c.get("/v1/models").json()["data"]}
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def test_requests_for_two_models_from_8_clients_are_each_answered_by_the_model_they_named(tmp_path, model_path):
@@ -206,14 +196,14 @@ def test_idle_unload_returns_the_worker_and_the_next_request_loads_it_again(tmp_
         with node.client(timeout=120) as c:
             assert _chat(c, "alpha").status_code == 200
             pid = node.worker_pid()
-            engine = _wait(
+            engine = wait_until(
                 lambda: (e := c.get("/health").json()["result"]["engine"])["worker_state"] == "unloaded" and e,
                 30,
                 "the idle unload",
             )
             assert engine["worker_pid"] is None and engine["loaded_model"] is None
             # the worker process ends (its memory goes back with it) once it has had its Shutdown
-            _wait(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, "the worker's exit")
+            wait_until(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, "the worker's exit")
             assert c.get("/health").status_code == 200  # the node still takes work
             assert _models(c)["alpha"]["state"] == "unloaded"
             woken = _chat(c, "alpha")
@@ -228,7 +218,7 @@ def _final(c: httpx.Client, rid: str, timeout: float) -> dict:
         r = c.get("/request_status", params={"request_id": rid}).json()["result"]
         return r if r["status"] in ("completed", "failed") else None
 
-    return _wait(ended, timeout, f"request {rid}")
+    return wait_until(ended, timeout, f"request {rid}")
 
 
 def _alive(pid: int) -> bool:

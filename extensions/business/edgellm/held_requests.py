@@ -20,13 +20,13 @@ class HeldRequests:
         self._lock = threading.Lock()
         self._held: list[tuple[HttpRequest, concurrent.futures.Future[HttpReply]]] = []
         self._runner: AsgiAppRunner | None = None  # set by release(): the app to send to from then on
-        self._refused: Callable[[Exception, HttpRequest], HttpReply] | None = None  # set by refuse()
+        self._refused: Callable[[HttpRequest], HttpReply] | None = None  # set by refuse(): the reply for each
 
     def hold(self, request: HttpRequest) -> concurrent.futures.Future[HttpReply]:
         with self._lock:
             if self._refused is not None:
                 done: concurrent.futures.Future[HttpReply] = concurrent.futures.Future()
-                done.set_result(self._refused(RuntimeError("the engine restart for a config update failed"), request))
+                done.set_result(self._refused(request))
                 return done
             if self._runner is None:
                 future: concurrent.futures.Future[HttpReply] = concurrent.futures.Future()
@@ -50,20 +50,18 @@ class HeldRequests:
     def refuse(self, error_reply) -> int:
         """No app to send to (the rebuild failed before one started): answer each held request with
         `error_reply(exc, request)`; later ones too."""
-        with self._lock:
-            held, self._held = self._held, []
-            self._refused = error_reply
         why = RuntimeError("the engine restart for a config update failed; see the node log")
+
+        def reply(request: HttpRequest) -> HttpReply:
+            return error_reply(why, request)
+
+        with self._lock:
+            held, self._held, self._refused = self._held, [], reply
         for request, future in held:
-            future.set_result(error_reply(why, request))
+            future.set_result(reply(request))
         return len(held)
 
 
 def _chain(source: concurrent.futures.Future[HttpReply], target: concurrent.futures.Future[HttpReply]) -> None:
-    def copy(done: concurrent.futures.Future[HttpReply]) -> None:
-        if done.exception() is not None:  # submit()'s futures carry a reply, never an exception; be safe
-            target.set_exception(done.exception())  # type: ignore[arg-type]
-        else:
-            target.set_result(done.result())
-
-    source.add_done_callback(copy)
+    # AsgiAppRunner.submit()'s futures always end with a reply (an error reply included), never an exception.
+    source.add_done_callback(lambda done: target.set_result(done.result()))
