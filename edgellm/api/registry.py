@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS requests (
     finished_at  REAL,
     expires_at   REAL,
     boot_id      TEXT NOT NULL DEFAULT '',
-    owner        TEXT                    -- hash of the token that submitted it; NULL = anonymous
+    owner        TEXT,                   -- hash of the token that submitted it; NULL = anonymous
+    delegation   TEXT                    -- JSON: where request balancing sent it or took it from (fleet/)
 );
 CREATE INDEX IF NOT EXISTS requests_status ON requests(status);
 CREATE INDEX IF NOT EXISTS requests_expires ON requests(expires_at);
@@ -109,6 +110,7 @@ class RequestRecord:
     finished_at: float | None
     expires_at: float | None
     owner: str | None = None
+    delegation: dict[str, Any] | None = None  # fleet/balancer.py: {"role": "origin" | "executor" | "rerun", ...}
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RequestRecord:
@@ -127,6 +129,7 @@ class RequestRecord:
             finished_at=row["finished_at"],
             expires_at=row["expires_at"],
             owner=row["owner"],
+            delegation=json.loads(row["delegation"]) if row["delegation"] else None,
         )
 
 
@@ -178,6 +181,8 @@ class Registry:
             self._db.execute("ALTER TABLE requests ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''")
         if "owner" not in columns:
             self._db.execute("ALTER TABLE requests ADD COLUMN owner TEXT")
+        if "delegation" not in columns:
+            self._db.execute("ALTER TABLE requests ADD COLUMN delegation TEXT")
 
     def _run(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         try:
@@ -196,13 +201,21 @@ class Registry:
             raise _registry_error(exc) from exc
 
     def insert(
-        self, request_id: str, mode: str, params: dict, metadata: dict, seed: int, *, owner: str | None = None
+        self,
+        request_id: str,
+        mode: str,
+        params: dict,
+        metadata: dict,
+        seed: int,
+        *,
+        owner: str | None = None,
+        delegation: dict | None = None,
     ) -> bool:
         """Record a new pending request; False when the id is already taken."""
         try:
             self._run(
                 "INSERT INTO requests(request_id, mode, status, params, metadata, seed, attempts, created_at, "
-                "boot_id, owner) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
+                "boot_id, owner, delegation) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
                 (
                     request_id,
                     mode,
@@ -213,6 +226,7 @@ class Registry:
                     time.time(),
                     self.boot_id,
                     owner,
+                    json.dumps(delegation) if delegation is not None else None,
                 ),
             )
         except RegistryError as exc:
@@ -273,12 +287,37 @@ class Registry:
         return [RequestRecord.from_row(r) for r in rows]
 
     def pending_from_earlier_boots(self) -> list[RequestRecord]:
-        """The work a restart must recover: pending rows accepted by another node process."""
+        """The work a restart must recover: pending rows accepted by another node process, except those
+        delegated to a peer (request balancing follows them up: their result comes back by mailbox)."""
         rows = self._rows(
-            "SELECT * FROM requests WHERE status=? AND boot_id != ? ORDER BY created_at",
+            "SELECT * FROM requests WHERE status=? AND boot_id != ? "
+            "AND (delegation IS NULL OR json_extract(delegation, '$.role') != 'origin') ORDER BY created_at",
             (RequestStatus.PENDING.value, self.boot_id),
         )
         return [RequestRecord.from_row(r) for r in rows]
+
+    # -- request balancing (fleet/balancer.py) ---------------------------------------------------
+    def set_delegation(self, request_id: str, delegation: dict | None) -> None:
+        self._run(
+            "UPDATE requests SET delegation=? WHERE request_id=?",
+            (json.dumps(delegation) if delegation is not None else None, request_id),
+        )
+
+    def delegated(self, role: str, *, pending: bool | None = None) -> list[RequestRecord]:
+        """Unexpired rows of a delegation role, oldest first; `pending`: only unfinished (True) or finished."""
+        where = ["json_extract(delegation, '$.role') = ?", "(expires_at IS NULL OR expires_at > ?)"]
+        args: list[Any] = [role, time.time()]
+        if pending is not None:
+            where.append("status = ?" if pending else "status != ?")
+            args.append(RequestStatus.PENDING.value)
+        rows = self._rows(f"SELECT * FROM requests WHERE {' AND '.join(where)} ORDER BY created_at", tuple(args))
+        return [RequestRecord.from_row(r) for r in rows]
+
+    def by_delegation_id(self, delegation_id: str) -> RequestRecord | None:
+        rows = self._rows(
+            "SELECT * FROM requests WHERE json_extract(delegation, '$.delegation_id') = ?", (delegation_id,)
+        )
+        return RequestRecord.from_row(rows[0]) if rows else None
 
     def recent(
         self, limit: int = 50, *, status: RequestStatus | None = None, owner: str | None = None

@@ -91,6 +91,17 @@ class AdmissionGate(Protocol):
     def samples(self) -> list[tuple[str, str, dict[str, str], float]]: ...
 
 
+class Delegator(Protocol):
+    """Request balancing (fleet/balancer.py): may hand a registered request to a peer node instead of
+    this node's engine, and adds where each request ran to its result."""
+
+    def delegate(self, key: str, request: ChatRequest, seed: int, mode: str) -> bool: ...
+
+    def result_fields(self, key: str) -> dict[str, Any]: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+
 FINISH_WRITE_RETRIES = (0.05, 0.2, 0.5)  # seconds between attempts to store a result
 
 
@@ -136,6 +147,8 @@ class Service:
         # final output resolves the future (run_task), nothing else reads it.
         self._tasks: dict[str, asyncio.Future] = {}
         self._models: dict[str, str] = {}  # request key -> the model it named (not the default), until its end
+        # Request balancing between nodes (fleet/balancer.py), set by a Ratio1 plugin in a balancing group.
+        self.delegator: Delegator | None = None
 
     # -- wiring ------------------------------------------------------------------------------
     def bind(self, engine: EngineClient, loop: asyncio.AbstractEventLoop) -> None:
@@ -286,8 +299,64 @@ class Service:
             if stream:
                 state.stream = asyncio.Queue()
             # The pipe send can block while the worker is mid-step: keep it off the event loop.
-            await asyncio.to_thread(self._dispatch, key, request, seed, stream=stream, created_at=time.time())
+            await asyncio.to_thread(self._hand_over, key, request, seed, mode=mode, stream=stream)
         return key
+
+    def _hand_over(self, key: str, request: ChatRequest, seed: int, *, mode: str, stream: bool) -> None:
+        """To this node's engine, or (a balancing group, the local queue past its limit) to a peer."""
+        if not stream and self.delegator is not None and self.delegator.delegate(key, request, seed, mode):
+            return
+        self._dispatch(key, request, seed, stream=stream, created_at=time.time())
+
+    # -- request balancing (fleet/balancer.py calls these from its own thread) --------------------
+    def accept_delegated(self, key: str, request: ChatRequest, seed: int, delegation: dict[str, Any]) -> bool:
+        """Run a request a peer node delegated here, as an async request under `key` (its delegation id);
+        False when that key was already taken (a replayed envelope: it never runs twice). Raises what
+        submit would (engine not ready, 429 when max_queued are in flight)."""
+        self._require_engine()
+        with self.requests.registering_one(self._refuse_when_full):
+            if not self.registry.insert(
+                key, "async", request.params_dict(), request.metadata, seed, delegation=delegation
+            ):
+                return False
+            self.instruments.count("submitted")
+            self.requests.open(key)
+            self._dispatch(key, request, seed, stream=False, created_at=time.time())
+        return True
+
+    def run_locally(self, key: str) -> bool:
+        """Run a request this node had delegated (its peer is gone) on this node's engine, from its
+        record; False when it has finished meanwhile."""
+        rec = self.registry.get(key)
+        if rec is None or rec.status.is_finished:
+            return False
+        self.registry.bump_attempts(key)
+        request = ChatRequest.from_params(rec.params, rec.metadata)
+        self.requests.open(key)
+        self._dispatch(key, request, rec.seed, stream=False, created_at=rec.created_at)
+        return True
+
+    def finish_delegated(
+        self, key: str, status: RequestStatus, result: dict | None, error: str | None, error_type: str | None
+    ) -> bool:
+        """A delegated request's end, as its peer reported it (or as the balancer decided): stored and
+        answered like an engine's final output. False when the record had finished already."""
+        rec = self.registry.get(key)
+        if rec is None or rec.status.is_finished:
+            return False
+        outcome = Outcome(key, status, result, error, error_type)
+        self.instruments.finished(status.value)  # its tokens were generated, and are counted, on the peer
+        self._store([outcome])
+        self._post(self._resolve_and_settle, outcome)
+        return True
+
+    def _resolve_and_settle(self, outcome: Outcome) -> None:
+        self._resolve(outcome)
+        self.requests.settle(outcome.request_id)  # an async one: nothing waits on it here
+
+    def slots_total(self) -> int:
+        stats = self.engine.stats if self.engine is not None else {}
+        return int(stats.get("slots_total") or self.engine_info().get("n_slots") or 1)
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
         def build() -> EngineRequest:
@@ -394,6 +463,8 @@ class Service:
                 self._post(self._push_delta, out)
                 continue
             outcome = outcome_of(out, self._models.pop(out.request_id, self.model_name), public_id(out.request_id))
+            if self.delegator is not None and outcome.result is not None:
+                outcome.result.update(self.delegator.result_fields(out.request_id))  # where it ran
             finals.append(outcome)
             self.instruments.finished(
                 outcome.status.value,
@@ -533,6 +604,8 @@ class Service:
                     "expires_at": rec.expires_at,
                 }
             )
+            if rec.delegation is not None:
+                body["delegation"] = rec.delegation
             if rec.result is not None:
                 body["result"] = rec.result
         return body
@@ -613,6 +686,7 @@ class Service:
             },
             "auth_required": self.auth.required,
             **({"memory_plan": self.memory_plan} if self.memory_plan else {}),
+            **({"balancing": self.delegator.state()} if self.delegator is not None else {}),
             **(
                 {"board": board}
                 if (board := {**(self.board.read() if self.board is not None else {}), **health.get("board", {})})

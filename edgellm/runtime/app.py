@@ -123,6 +123,7 @@ def create_app(
     on_failed=None,
     on_start_attempt=None,
     node: NodeIdentity | None = None,
+    fleet=None,
 ) -> FastAPI:
     """The node's ASGI app. `node`: the identity WRAPPED bodies carry (a Ratio1 node passes its real
     keys); default: an edgellm identity from settings.node_alias / evm_network. `on_failed(reason)`:
@@ -130,7 +131,9 @@ def create_app(
     after a crash (every restart failed); `edgellm serve` then exits. Without it the node stays up
     answering 503 with the reason (a host that supervises it otherwise). `on_start_attempt(status, s)`:
     as each attempt to start (or restart) the engine begins, a status line and the most seconds it
-    and the wait after it can take (serve extends systemd's start timeout with them)."""
+    and the wait after it can take (serve extends systemd's start timeout with them). `fleet(service)`:
+    request balancing with other nodes (a Ratio1 plugin in a balancing group builds fleet/balancer.py's
+    Balancer); it is started after recovery and stopped first at shutdown."""
     # First: a model that does not fit the memory budget stops the node before it opens anything.
     # Every model of `models:` is checked (file, memory plan) now, not at its first request.
     served = [(entry, s, s.model()) for entry, s in settings.served_models()]
@@ -243,9 +246,15 @@ def create_app(
         # Before the engine admits anything: recovered work is sent to the worker ahead of new work.
         await asyncio.to_thread(service.recover)
         tasks = [asyncio.create_task(start_engine(client)), asyncio.create_task(registry_upkeep())]
+        balancer = fleet(service) if fleet is not None else None
+        if balancer is not None:
+            service.delegator = balancer
+            balancer.start()
         try:
             yield
         finally:
+            if balancer is not None:
+                await asyncio.to_thread(balancer.stop)  # no new delegation; what is out stays in the registry
             if on_stop is not None:
                 on_stop(service)
             for t in tasks:

@@ -24,6 +24,7 @@ from extensions.business.edgellm.asgi_bridge import (
 from extensions.business.edgellm.held_requests import HeldRequests
 from extensions.business.edgellm.plugin_config import (
     PLUGIN_DEFAULTS,
+    balancing_from_config,
     node_identity,
     settings_from_config,
 )
@@ -340,12 +341,37 @@ def test_model_n_ctx_is_n_ctx_and_two_different_values_are_refused():
         settings({"MODEL_N_CTX": 0})
 
 
+def test_request_balancing_keys_take_upstreams_defaults_and_refuse_bad_values():
+    off = balancing_from_config({})
+    assert not off.active and off.max_cstore_bytes == 512 * 1024 and off.peer_stale_s == 600
+    assert off.request_ttl_s == PLUGIN_DEFAULTS["REQUEST_TIMEOUT"] and off.pending_limit_for(2) == 8
+    on = balancing_from_config(
+        {
+            "REQUEST_BALANCING_ENABLED": True,
+            "REQUEST_BALANCING_GROUP": " fleet ",
+            "REQUEST_BALANCING_PENDING_LIMIT": 3,
+            "REQUEST_BALANCING_PEER_STALE_SECONDS": 20,
+            "REQUEST_BALANCING_ACCEPT_UNSIGNED_FROM": ["0xai_up"],
+        }
+    )
+    assert on.active and on.group_name == "fleet" and on.pending_limit_for(2) == 3 and on.peer_stale_s == 20
+    assert on.accept_unsigned_from == ("0xai_up",)
+    for bad, match in [
+        ({"REQUEST_BALANCING_ENABLED": True}, "REQUEST_BALANCING_GROUP is not set"),
+        ({"REQUEST_BALANCING_ENABLED": "yes"}, "true or false"),
+        ({"REQUEST_BALANCING_MAX_CSTORE_BYTES": 100}, "MAX_CSTORE_BYTES must be a number >= 4096"),
+        ({"REQUEST_BALANCING_PENDING_LIMIT": 1.5}, "whole number"),
+        ({"REQUEST_BALANCING_ON_PEER_LOST": "retry"}, "rerun_local"),
+        ({"REQUEST_BALANCING_ALLOWED_PEERS": "0xai_a"}, "list of node addresses"),
+    ]:
+        with pytest.raises(SettingsError, match=match):
+            settings(bad)  # refused with the rest of the config, before anything starts
+
+
 def test_upstream_params_we_cannot_honour_are_refused_by_name():
     with pytest.raises(SettingsError) as err:
         settings({"CHAT_FORMAT": "chatml", "DEFAULT_TEMPERATURE": 0.2})
     assert "CHAT_FORMAT" in err.value.message and "DEFAULT_TEMPERATURE" in err.value.message
-    with pytest.raises(SettingsError, match="REQUEST_BALANCING_ENABLED"):
-        settings({"REQUEST_BALANCING_ENABLED": True})
     with pytest.raises(SettingsError, match="STARTUP_AI_ENGINE_PARAMS.SOMETHING_ELSE"):
         settings({"STARTUP_AI_ENGINE_PARAMS": {"SOMETHING_ELSE": 1}})
     with pytest.raises(SettingsError, match="DRAFT_MODEL"):

@@ -41,9 +41,11 @@ from extensions.business.edgellm.asgi_bridge import (
     HttpRequest,
     edgellm_error_reply,
 )
+from extensions.business.edgellm.chainstore_link import NodeSigner, PluginChainStore
 from extensions.business.edgellm.held_requests import HeldRequests
 from extensions.business.edgellm.plugin_config import (
     PLUGIN_DEFAULTS,
+    balancing_from_config,
     node_identity,
     semaphore_env,
     settings_from_config,
@@ -101,6 +103,7 @@ class EdgellmInferenceApiPlugin(BasePlugin):
         self._config_lock = threading.Lock()
         self._closing = False
         self._rebuild_thread = None
+        self._balancing = balancing_from_config({})  # off until the config says otherwise
         self._settings, self._settings_error = self._settings_now()
         if self._settings_error is not None:  # SettingsError: every request is answered 503 with this message
             self.P(f"{self._signature} config refused: {self._describe(self._settings_error)}", color="r")
@@ -119,7 +122,9 @@ class EdgellmInferenceApiPlugin(BasePlugin):
         config = {**given, **config}
         instance_key = f"{self.get_stream_id()}__{self.get_instance_id()}"
         try:
-            return settings_from_config(config, data_folder=self.get_data_folder(), instance_key=instance_key), None
+            settings = settings_from_config(config, data_folder=self.get_data_folder(), instance_key=instance_key)
+            self._balancing = balancing_from_config(config)  # read with the settings; taken at the app's start
+            return settings, None
         except Exception as exc:
             return None, exc
 
@@ -271,7 +276,25 @@ class EdgellmInferenceApiPlugin(BasePlugin):
     def _create_app(self, settings):
         from edgellm.runtime.app import create_app  # in the runner's thread: the engine starts from its lifespan
 
-        return create_app(settings, node=self._node)
+        return create_app(settings, node=self._node, fleet=self._balancer if self._balancing.active else None)
+
+    def _balancer(self, service):
+        """Request balancing with the group's other nodes (edgellm/fleet/balancer.py), on this node's
+        ChainStore; started by the app once its recovery ran."""
+        from edgellm.fleet.balancer import Balancer
+        from edgellm.fleet.protocol import Member
+
+        config = self._balancing
+        member = Member(
+            addr=self.ee_addr,
+            alias=str(self.eeid),
+            pipeline=self.get_stream_id(),
+            signature=self.get_signature(),
+            instance_id=self.get_instance_id(),
+        )
+        store = PluginChainStore(self, config.cstore_timeout_s, config.cstore_max_retries)
+        self.P(f"request balancing on: group {config.group_name!r} as {member.key}")
+        return Balancer(service, config, member, store, NodeSigner(self))
 
     def _error_reply(self, exc, request=None):
         mode = self._settings.response_format if self._settings is not None else PLUGIN_DEFAULTS["RESPONSE_FORMAT"]

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from edgellm.api.envelope import NodeIdentity
+from edgellm.fleet.protocol import BalancingConfig
 from edgellm.pull import hf_cache
 from edgellm.runtime.settings import Settings, SettingsError
 
@@ -81,6 +82,29 @@ PLUGIN_DEFAULTS: dict[str, Any] = {
     # (upstream skips auth and the limit for a loopback plugin without a tunnel). A number: that limit,
     # always (0 = none).
     "RATE_LIMIT_PER_MINUTE": None,
+    # Request balancing between nodes of one group over ChainStore (edgellm/fleet/), upstream's keys and
+    # defaults; see balancing_from_config. REQUEST_BALANCING_CAPACITY is upstream's count of execution
+    # slots: here the capacity announced is the engine's own (N_SLOTS, and MAX_QUEUED for queue room).
+    "REQUEST_BALANCING_ENABLED": False,
+    "REQUEST_BALANCING_GROUP": None,
+    "REQUEST_BALANCING_CAPACITY": 1,
+    "REQUEST_BALANCING_PENDING_LIMIT": None,
+    "REQUEST_BALANCING_ANNOUNCE_PERIOD": 60,
+    "REQUEST_BALANCING_CAPACITY_REFRESH_PERIOD": 300,
+    "REQUEST_BALANCING_CAPACITY_REFRESH_JITTER_SECONDS": 120,
+    "REQUEST_BALANCING_CAPACITY_DEBOUNCE_SECONDS": 10,
+    "REQUEST_BALANCING_PEER_STALE_SECONDS": 600,
+    "REQUEST_BALANCING_MAILBOX_POLL_PERIOD": 1,
+    "REQUEST_BALANCING_CAPACITY_CSTORE_TIMEOUT": 2,
+    "REQUEST_BALANCING_CAPACITY_CSTORE_MAX_RETRIES": 0,
+    "REQUEST_BALANCING_MAX_CSTORE_BYTES": 512 * 1024,
+    "REQUEST_BALANCING_REQUEST_TTL_SECONDS": None,
+    "REQUEST_BALANCING_RESULT_TTL_SECONDS": None,
+    # edgellm's own: what a request delegated to a peer that vanished becomes; whose unsigned envelopes
+    # (every upstream node's) are taken; which peers may take or send work (empty: every known peer).
+    "REQUEST_BALANCING_ON_PEER_LOST": "rerun_local",
+    "REQUEST_BALANCING_ACCEPT_UNSIGNED_FROM": [],
+    "REQUEST_BALANCING_ALLOWED_PEERS": [],
 }
 
 UPSTREAM_TUNNEL_RATE_LIMIT = 5  # upstream's RATE_LIMIT_PER_MINUTE default (base_inference_api.py)
@@ -116,9 +140,8 @@ UNSUPPORTED_UPSTREAM_KEYS: dict[str, str] = {
     "ADD_SPECIAL_TOKENS": "the GGUF's chat template decides",
     "ADD_GENERATION_PROMPT": "the GGUF's chat template decides",
     "DEFAULT_DEVICE": "N_GPU_LAYERS decides the offload (auto: all layers when llama.cpp has a GPU)",
-    "REQUEST_BALANCING_ENABLED": "request balancing between nodes is not implemented by this plugin",
 }
-_FALSE_IS_OFF = {"DETERMINISTIC_MODE", "TH_COMPILE", "USE_FLASH_ATTENTION", "REQUEST_BALANCING_ENABLED"}
+_FALSE_IS_OFF = {"DETERMINISTIC_MODE", "TH_COMPILE", "USE_FLASH_ATTENTION"}
 # Upstream serving params read from STARTUP_AI_ENGINE_PARAMS (as well as from the instance itself).
 _SERVING_KEYS = ("MODEL_NAME", "MODEL_FILENAME", "MODEL_PATH", "MODEL_N_CTX", "N_GPU_LAYERS", "N_THREADS")
 _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -197,6 +220,7 @@ def settings_from_config(
             f"({cfg.get('AUTH_TOKEN_ENV')} or PREDEFINED_AUTH_TOKENS)"
         )
     settings.check_bind_safety()  # a non-loopback HOST without a token
+    balancing_from_config(cfg)  # a bad REQUEST_BALANCING_* key refuses the config here too
     return settings
 
 
@@ -289,6 +313,61 @@ def _model_values(cfg: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str,
             raise SettingsError(f"N_CTX ({ctx}) and MODEL_N_CTX ({model_ctx}) disagree: set one")
         out["n_ctx"] = model_ctx
     return out
+
+
+def _number(cfg: Mapping[str, Any], key: str, *, minimum: float, integer: bool = False) -> float:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value < minimum:
+        raise SettingsError(f"{key} must be a number >= {minimum:g}, got {value!r}")
+    if integer and int(value) != value:
+        raise SettingsError(f"{key} must be a whole number, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _addresses(cfg: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = cfg.get(key) or []
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not all(isinstance(a, str) for a in value):
+        raise SettingsError(f"{key} must be a list of node addresses (0xai_...)")
+    return tuple(a.strip() for a in value if a.strip())
+
+
+def balancing_from_config(config: Mapping[str, Any]) -> BalancingConfig:
+    """The REQUEST_BALANCING_* keys -> fleet's BalancingConfig (upstream's defaults; a bad value is a
+    SettingsError naming the key, where upstream would fall back to its default silently)."""
+    cfg = {**PLUGIN_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    enabled = cfg.get("REQUEST_BALANCING_ENABLED")
+    if not isinstance(enabled, bool):
+        raise SettingsError(f"REQUEST_BALANCING_ENABLED must be true or false, got {enabled!r}")
+    group = cfg.get("REQUEST_BALANCING_GROUP")
+    if group is not None and not isinstance(group, str):
+        raise SettingsError(f"REQUEST_BALANCING_GROUP must be a string, got {group!r}")
+    group = (group or "").strip() or None
+    if enabled and group is None:  # upstream stays off without a group, silently; say so instead
+        raise SettingsError("REQUEST_BALANCING_ENABLED is true but REQUEST_BALANCING_GROUP is not set")
+    pending = cfg.get("REQUEST_BALANCING_PENDING_LIMIT")
+    on_lost = cfg.get("REQUEST_BALANCING_ON_PEER_LOST")
+    if on_lost not in ("rerun_local", "fail"):
+        raise SettingsError(f"REQUEST_BALANCING_ON_PEER_LOST must be 'rerun_local' or 'fail', got {on_lost!r}")
+    timeout = cfg.get("REQUEST_TIMEOUT") or 600
+    return BalancingConfig(
+        enabled=enabled,
+        group=group,
+        pending_limit=_number(cfg, "REQUEST_BALANCING_PENDING_LIMIT", minimum=1, integer=True) if pending else None,
+        announce_period_s=_number(cfg, "REQUEST_BALANCING_ANNOUNCE_PERIOD", minimum=1),
+        refresh_period_s=_number(cfg, "REQUEST_BALANCING_CAPACITY_REFRESH_PERIOD", minimum=0),
+        refresh_jitter_s=_number(cfg, "REQUEST_BALANCING_CAPACITY_REFRESH_JITTER_SECONDS", minimum=0, integer=True),
+        debounce_s=_number(cfg, "REQUEST_BALANCING_CAPACITY_DEBOUNCE_SECONDS", minimum=0),
+        peer_stale_s=_number(cfg, "REQUEST_BALANCING_PEER_STALE_SECONDS", minimum=1),
+        poll_period_s=_number(cfg, "REQUEST_BALANCING_MAILBOX_POLL_PERIOD", minimum=0.1),
+        cstore_timeout_s=_number(cfg, "REQUEST_BALANCING_CAPACITY_CSTORE_TIMEOUT", minimum=0.1),
+        cstore_max_retries=_number(cfg, "REQUEST_BALANCING_CAPACITY_CSTORE_MAX_RETRIES", minimum=0, integer=True),
+        max_cstore_bytes=_number(cfg, "REQUEST_BALANCING_MAX_CSTORE_BYTES", minimum=4096, integer=True),
+        request_ttl_s=float(cfg.get("REQUEST_BALANCING_REQUEST_TTL_SECONDS") or timeout),
+        result_ttl_s=float(cfg.get("REQUEST_BALANCING_RESULT_TTL_SECONDS") or cfg.get("REQUEST_TTL_SECONDS") or 7200),
+        on_peer_lost=on_lost,
+        accept_unsigned_from=_addresses(cfg, "REQUEST_BALANCING_ACCEPT_UNSIGNED_FROM"),
+        allowed_peers=_addresses(cfg, "REQUEST_BALANCING_ALLOWED_PEERS"),
+    )
 
 
 def semaphore_env(host: str, port: int | None, lan_ip: str | None) -> dict[str, str]:

@@ -1,0 +1,589 @@
+"""Request balancing between nodes of one group, on ChainStore, with upstream's protocol (fleet/protocol.py).
+
+One Balancer per API instance in a group. It is the Service's `delegator`: when the local queue is past
+its pending limit, `delegate()` hands a registered request to the peer with the most free capacity (its
+row in the registry says so, durably). Its own thread does all ChainStore I/O (a write blocks until a
+peer confirms it, or for the whole timeout against a dead one), once per poll period:
+  1. publish this instance's capacity (upstream's publish policy) and read the group's records;
+  2. write the envelopes of requests just delegated (a write not confirmed: the request runs here);
+  3. read the result mailbox: each result for a request of ours is stored and answered as if our engine
+     had produced it (a sync caller waiting here gets it; request_status shows it);
+  4. read the request mailbox: each envelope addressed to us, from a signed, known sender of our group,
+     is registered (idempotent by delegation id: a replay never runs twice) and run as an async request;
+  5. send the results of finished delegated-in requests to their origin;
+  6. a delegated request whose peer's capacity record went stale (the peer is gone) runs here, and its
+     result says so (`delegation.rerun_locally`, `may_have_run_on_peer`), or fails (`on_peer_lost: fail`).
+Nothing here imports naeural_core: the plugin passes a ChainStore and a Signer over its own API.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from edgellm import __version__
+from edgellm.api.chat_request import ChatRequest
+from edgellm.api.registry import RequestStatus
+from edgellm.api.request_state import public_id
+from edgellm.api.validation import parse_chat_request
+from edgellm.errors import EdgeLLMError, ErrorType, InvalidRequest
+from edgellm.fleet import protocol as p
+
+if TYPE_CHECKING:
+    from edgellm.api.service import Service
+
+log = logging.getLogger("edgellm.fleet")
+
+
+class ChainStore(Protocol):
+    """The node's replicated store (naeural_core's chainstore_hset / chainstore_hgetall)."""
+
+    def ready(self) -> bool: ...  # False while the node's ChainStore is not running (nothing is called then)
+
+    def hset(self, hkey: str, key: str, value: Any, *, to: str | None = None) -> bool: ...  # confirmed?
+
+    def hgetall(self, hkey: str) -> dict[str, Any]: ...
+
+
+class Signer(Protocol):
+    def sign(self, envelope: dict[str, Any]) -> dict[str, Any]: ...
+
+    def sender(self, envelope: dict[str, Any]) -> str | None: ...  # the verified signer; None: unsigned
+
+    def known(self, addr: str) -> bool: ...  # a peer this node trusts (its whitelist, configured peers)
+
+
+class BadSignature(Exception):
+    """A signed envelope whose signature does not verify (raised by Signer.sender)."""
+
+
+@dataclass
+class _Outgoing:
+    key: str
+    delegation_id: str
+    peer: p.Peer
+    envelope: dict[str, Any]
+
+
+BACKOFF_S = 5.0  # a peer whose write was not confirmed is not written to again for this long
+
+
+class Balancer:
+    def __init__(
+        self,
+        service: Service,
+        config: p.BalancingConfig,
+        member: p.Member,
+        store: ChainStore,
+        signer: Signer,
+    ):
+        self.service, self.config, self.member = service, config, member
+        self.store, self.signer = store, signer
+        self.group = config.group_name
+        self.capacity_hkey, self.request_hkey, self.result_hkey = p.hkeys(self.group)
+        self.policy = p.PublishPolicy(config, p.refresh_jitter(member.key, config.refresh_jitter_s))
+        self._lock = threading.Lock()
+        self._records: dict[str, Any] = {}  # the group's capacity records, as last read
+        self._sent_since: Counter[str] = Counter()  # peer key -> delegated to it since its last record
+        self._seen_at: dict[str, float] = {}  # peer key -> the updated_at those sends count against
+        self._outbox: list[_Outgoing] = []
+        self._seen: set[str] = set()  # delegation ids taken (or refused) as executor in this boot
+        self._notes: dict[str, dict[str, Any]] = {}  # request key -> fields its local result carries
+        self._backoff: dict[str, float] = {}  # peer addr -> no writes to it before this time
+        self.counts: Counter[str] = Counter()
+        self.store_state = "starting"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"edgellm-balancer-{self.member.instance_id}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # a bug or a store failure must not end balancing for good
+                log.exception("request balancing pass failed")
+                self.counts["pass_errors"] += 1
+            self._stop.wait(max(0.05, self.config.poll_period_s - (time.monotonic() - started)))
+
+    def tick(self) -> None:
+        """One pass (see the module docstring); the thread calls it every poll period."""
+        if not self.store.ready():
+            self.store_state = "not running (the node's CHAIN_STORE_BASE is paused or missing)"
+            return
+        self.store_state = "running"
+        now = time.time()
+        self._publish_capacity(now)
+        self._records = self._read(self.capacity_hkey)
+        self._send_outbox()
+        self._take_results(now)
+        self._take_requests(now)
+        self._send_results(now)
+        self._follow_up(now)
+
+    def _read(self, hkey: str) -> dict[str, Any]:
+        try:
+            got = self.store.hgetall(hkey)
+        except Exception as exc:
+            log.warning("reading %s failed: %r", hkey, exc)
+            return {}
+        return got if isinstance(got, dict) else {}
+
+    def _write(self, hkey: str, key: str, value: Any, *, to: str | None = None) -> bool:
+        if to is not None and self._backoff.get(to, 0.0) > time.monotonic():
+            return False
+        try:
+            ok = bool(self.store.hset(hkey, key, value, to=to))
+        except Exception as exc:
+            log.warning("writing %s to %s failed: %r", hkey, to or "the chain peers", exc)
+            ok = False
+        if to is not None and not ok and value is not None:
+            self._backoff[to] = time.monotonic() + BACKOFF_S
+        return ok
+
+    # -- capacity ----------------------------------------------------------------------------------
+    def capacity(self) -> p.Capacity:
+        """Free slots and queue room, from the engine and the service (delegated-in work included)."""
+        service = self.service
+        slots = service.slots_total()
+        in_flight = service.in_flight()
+        queue_free = max(0, service.config.max_queued - in_flight)
+        health = service.engine.health() if service.engine is not None else {}
+        refused = service.pressure.refusal() if service.pressure is not None else None
+        accepting = health.get("state") == "ready" and not service.draining and refused is None and queue_free > 0
+        return p.Capacity(slots, min(slots, in_flight), accepting, queue_free, self.config.max_cstore_bytes)
+
+    def _publish_capacity(self, now: float) -> None:
+        cap = self.capacity()
+        if not self.policy.due(cap, now):
+            return
+        record = cap.record(self.member, self.group, now, __version__)
+        self.policy.sent(cap, now, self._write(self.capacity_hkey, self.member.key, record))
+
+    # -- delegating (origin) -------------------------------------------------------------------------
+    def delegate(self, key: str, request: ChatRequest, seed: int, mode: str) -> bool:
+        """Called by Service.submit for each new request: True when it went to a peer (it is then not
+        this node's engine's), False to run it here. Only past the local pending limit, only to a peer
+        that can run it, only when its envelope fits the size cap."""
+        if self.store_state != "running" or self._stop.is_set() or request.has_media or request.model:
+            return False
+        slots = self.service.slots_total()
+        waiting = self.service.in_flight() - slots  # this request counted (it is being registered)
+        if waiting <= self.config.pending_limit_for(slots):
+            return False
+        with self._lock:
+            peer = self._choose(request)
+            if peer is None:
+                return False
+            delegation_id = uuid.uuid4().hex
+            envelope = self._request_envelope(delegation_id, key, request, seed, mode, peer)
+            limit = min(self.config.max_cstore_bytes, peer.max_cstore_bytes or self.config.max_cstore_bytes)
+            if p.encoded_size(envelope) > limit:
+                self.counts["too_large_to_delegate"] += 1
+                return False
+            self._sent_since[peer.key] += 1
+        delegation = {
+            "role": "origin",
+            "delegation_id": delegation_id,
+            "target_addr": peer.addr,
+            "target_instance_id": peer.instance_id,
+            "target_key": peer.key,
+            "sent_at": time.time(),
+            "confirmed": False,
+        }
+        self.service.registry.set_delegation(key, delegation)  # before the envelope leaves: restart-safe
+        with self._lock:
+            self._outbox.append(_Outgoing(key, delegation_id, peer, envelope))
+        self.counts["delegated_out"] += 1
+        return True
+
+    def _choose(self, request: ChatRequest) -> p.Peer | None:
+        """The fresh, accepting peer with the most free slots (less what we sent it since its record),
+        then the most queue room, then at random."""
+        now = time.time()
+        allowed = self.config.allowed_peers
+        best: list[p.Peer] = []
+        best_score: tuple[int, int] | None = None
+        for peer in p.eligible_peers(
+            self._records, self.member, self.group, now, self.config.peer_stale_s, allowed=allowed
+        ):
+            if self._seen_at.get(peer.key) != peer.updated_at:  # a new record: our earlier sends are in it
+                self._seen_at[peer.key], self._sent_since[peer.key] = peer.updated_at, 0
+            free = peer.free - self._sent_since[peer.key]
+            if free <= 0 or self._backoff.get(peer.addr, 0.0) > time.monotonic():
+                continue
+            if not peer.edgellm and not upstream_can_run(request):
+                continue
+            score = (free, peer.queue_free)
+            if best_score is None or score > best_score:
+                best, best_score = [peer], score
+            elif score == best_score:
+                best.append(peer)
+        return random.choice(best) if best else None
+
+    def _request_envelope(
+        self, delegation_id: str, key: str, request: ChatRequest, seed: int, mode: str, peer: p.Peer
+    ) -> dict[str, Any]:
+        now = time.time()
+        kwargs = {k: v for k, v in request.params_dict().items() if k in p.UPSTREAM_KWARGS}
+        kwargs["metadata"] = request.metadata
+        # Ours: the whole normalised request and its seed, which an edgellm executor runs exactly.
+        kwargs["edgellm_params"] = request.params_dict()
+        kwargs["edgellm_seed"] = seed
+        fields_ = {
+            "delegation_id": delegation_id,
+            "origin_request_id": public_id(key),
+            "endpoint_name": "predict" if mode == "sync" else "predict_async",
+            "status": "submitted",
+            "origin_addr": self.member.addr,
+            "origin_alias": self.member.alias,
+            "origin_instance_id": self.member.instance_id,
+            "target_addr": peer.addr,
+            "target_instance_id": peer.instance_id,
+            "balancer_group": self.group,
+            "created_at": now,
+            "updated_at": now,
+            "expires_at": now + self.config.request_ttl_s,
+        }
+        body = {"endpoint_name": fields_["endpoint_name"], "endpoint_kwargs": kwargs}
+        return self.signer.sign(p.envelope(fields_, p.REQUEST_BODY, body))
+
+    def _send_outbox(self) -> None:
+        with self._lock:
+            outgoing, self._outbox = self._outbox, []
+        for item in outgoing:
+            if self._write(self.request_hkey, item.delegation_id, item.envelope, to=item.peer.addr):
+                self._mark(item.key, confirmed=True)
+                continue
+            # Not confirmed: the peer may be gone. The request runs here; a copy that did reach the peer
+            # is withdrawn (best effort), and the result says it may have run there too.
+            log.warning("delegating %s to %s was not confirmed: running it here", item.key, item.peer.addr)
+            self.counts["delegation_unconfirmed"] += 1
+            self._write(self.request_hkey, item.delegation_id, None, to=item.peer.addr)
+            self._rerun(item.key, item.peer.addr, may_have_run=True)
+
+    def _mark(self, key: str, **changes: Any) -> None:
+        rec = self.service.registry.get(key)
+        if rec is not None and rec.delegation is not None:
+            self.service.registry.set_delegation(key, {**rec.delegation, **changes})
+
+    def _rerun(self, key: str, peer_addr: str, *, may_have_run: bool) -> None:
+        rec = self.service.registry.get(key)
+        if rec is None or rec.status.is_finished:
+            return
+        note = {"peer_lost": peer_addr, "rerun_locally": True, "may_have_run_on_peer": may_have_run}
+        if self.config.on_peer_lost == "fail":
+            self.service.registry.set_delegation(key, {**(rec.delegation or {}), "role": "failed", **note})
+            self.service.finish_delegated(
+                key,
+                RequestStatus.FAILED,
+                None,
+                f"the peer node {peer_addr} this request was delegated to is gone (no capacity record for "
+                f"{self.config.peer_stale_s:g} s); it was not run here (on_peer_lost: fail)"
+                + (" and may have run on that peer" if may_have_run else ""),
+                ErrorType.ENGINE_UNAVAILABLE,
+            )
+            self.counts["peer_lost_failed"] += 1
+            return
+        self.service.registry.set_delegation(key, {**(rec.delegation or {}), "role": "rerun", **note})
+        self._notes[key] = {"delegation": note}
+        try:
+            self.service.run_locally(key)
+        except EdgeLLMError as exc:
+            self.service.finish_delegated(key, RequestStatus.FAILED, None, exc.message, exc.error_type)
+        self.counts["rerun_locally"] += 1
+
+    # -- results for our requests (origin) -------------------------------------------------------------
+    def _take_results(self, now: float) -> None:
+        for delegation_id, env in self._read(self.result_hkey).items():
+            if not isinstance(env, dict) or env.get("origin_addr") != self.member.addr:
+                continue
+            if env.get("origin_instance_id") not in (None, self.member.instance_id):
+                continue
+            refusal = self._refusal(env, claimed=env.get("target_addr"))
+            if refusal is not None:
+                log.warning("refused a result for delegation %s: %s", delegation_id, refusal)
+                self.counts["refused"] += 1
+                self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
+                continue
+            rec = self.service.registry.by_delegation_id(str(delegation_id))
+            if rec is None or rec.delegation is None or rec.status.is_finished:
+                if rec is not None:
+                    log.info(
+                        "late result for %s from %s dropped (it ended here)", rec.request_id, env.get("target_addr")
+                    )
+                    self.counts["late_results"] += 1
+                self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
+                continue
+            status, result, error, error_type = self._result_of(env, rec.request_id)
+            self.service.finish_delegated(rec.request_id, status, result, error, error_type)
+            self._mark(rec.request_id, result_at=now)
+            self.counts["results_received"] += 1
+            self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
+
+    def _result_of(self, env: dict[str, Any], key: str) -> tuple[RequestStatus, dict | None, str | None, str | None]:
+        try:
+            body = p.decode_body(env.get(p.RESULT_BODY))
+        except p.ProtocolError as exc:
+            return RequestStatus.FAILED, None, f"the peer's result could not be read: {exc}", ErrorType.ENGINE_ERROR
+        status = str(env.get("status") or body.get("status") or "")
+        if status == "completed":
+            body["REQUEST_ID"] = public_id(key)
+            body.pop("status", None)
+            return RequestStatus.COMPLETED, body, None, None
+        kind = RequestStatus.TIMEOUT if status == "timeout" else RequestStatus.FAILED
+        error = str(body.get("error") or f"the peer {env.get('target_addr')} reported {status or 'no status'}")
+        return kind, None, error, body.get("error_type") or ErrorType.ENGINE_ERROR
+
+    # -- requests from peers (executor) ----------------------------------------------------------------
+    def _take_requests(self, now: float) -> None:
+        for delegation_id, env in self._read(self.request_hkey).items():
+            if not isinstance(env, dict) or env.get("target_addr") != self.member.addr:
+                continue
+            if env.get("target_instance_id") not in (None, "", self.member.instance_id):
+                continue
+            delegation_id = str(delegation_id)
+            if delegation_id in self._seen:
+                continue
+            origin = str(env.get("origin_addr") or "")
+            if _expired(env, now):
+                self._seen.add(delegation_id)
+                self._write(self.request_hkey, delegation_id, None, to=origin)
+                continue
+            refusal = self._refusal(env, claimed=origin)
+            if refusal is None and p.encoded_size(env) > self.config.max_cstore_bytes:
+                refusal = f"the request envelope is over this node's {self.config.max_cstore_bytes} byte cap"
+            if refusal is None and env.get("balancer_group") not in (None, self.group):
+                refusal = f"the envelope is for balancing group {env.get('balancer_group')!r}, not {self.group!r}"
+            if refusal is not None:
+                self._seen.add(delegation_id)
+                self.counts["refused"] += 1
+                log.warning("refused delegated request %s from %s: %s", delegation_id, origin, refusal)
+                if origin and self.signer.known(origin):  # a known origin learns why; a stranger is ignored
+                    self._send_result(
+                        env, delegation_id, RequestStatus.FAILED, None, refusal, ErrorType.INVALID_REQUEST
+                    )
+                continue
+            if self.capacity().queue_free <= 0:
+                continue  # left in the mailbox for a later pass
+            self._accept(env, delegation_id, origin)
+
+    def _refusal(self, env: dict[str, Any], *, claimed: Any) -> str | None:
+        """Why an envelope is not taken: unsigned from a sender not trusted to send unsigned, a signature
+        that fails, a signer that is not who the envelope says, or a sender this node does not know."""
+        try:
+            signer = self.signer.sender(env)
+        except BadSignature as exc:
+            return f"its signature does not verify ({exc})"
+        if signer is None:
+            if claimed in self.config.accept_unsigned_from:
+                return None
+            return "it is not signed (an upstream peer: list it in REQUEST_BALANCING_ACCEPT_UNSIGNED_FROM)"
+        if signer != claimed:
+            return f"it is signed by {signer}, not by {claimed}"
+        if not self.signer.known(signer) and signer not in self.config.allowed_peers:
+            return f"{signer} is not a known peer of this node"
+        return None
+
+    def _accept(self, env: dict[str, Any], delegation_id: str, origin: str) -> None:
+        try:
+            body = p.decode_body(env.get(p.REQUEST_BODY))
+            request, seed = self._request_of(body)
+        except (p.ProtocolError, EdgeLLMError) as exc:
+            self._seen.add(delegation_id)
+            message = exc.message if isinstance(exc, EdgeLLMError) else str(exc)
+            self._send_result(env, delegation_id, RequestStatus.FAILED, None, message, ErrorType.INVALID_REQUEST)
+            return
+        delegation = {
+            "role": "executor",
+            "delegation_id": delegation_id,
+            "origin_addr": origin,
+            "origin_alias": env.get("origin_alias"),
+            "origin_request_id": env.get("origin_request_id"),
+            "origin_instance_id": env.get("origin_instance_id"),
+            "received_at": time.time(),
+            "result_sent_at": None,
+        }
+        try:
+            fresh = self.service.accept_delegated(delegation_id, request, seed, delegation)
+        except EdgeLLMError as exc:  # engine not ready or the queue full: try again on a later pass
+            log.info("delegated request %s from %s waits: %s", delegation_id, origin, exc.message)
+            return
+        self._seen.add(delegation_id)
+        self.counts["delegated_in" if fresh else "replays_ignored"] += 1
+
+    def _request_of(self, body: dict[str, Any]) -> tuple[ChatRequest, int]:
+        kwargs = body.get("endpoint_kwargs")
+        if not isinstance(kwargs, dict):
+            raise p.ProtocolError("the request body has no endpoint_kwargs")
+        limits = self.service.config.limits()
+        params = kwargs.get("edgellm_params")
+        if isinstance(params, dict):  # an edgellm origin: its normalised request, held to our limits
+            try:
+                request = ChatRequest.from_params(params, kwargs.get("metadata") or {})
+            except ValueError as exc:
+                raise p.ProtocolError(f"the request does not validate: {exc}") from None
+            _within(request, limits)
+            seed = kwargs.get("edgellm_seed")
+            return request, seed if isinstance(seed, int) and 0 <= seed < 2**64 else random.getrandbits(64)
+        # An upstream origin: its kwargs are a seed-endpoint body, validated as one.
+        request_body = {k: kwargs[k] for k in (*p.UPSTREAM_KWARGS, "metadata") if kwargs.get(k) is not None}
+        return parse_chat_request(request_body, **limits), random.getrandbits(64)
+
+    def _send_results(self, now: float) -> None:
+        for rec in self.service.registry.delegated("executor", pending=False):
+            d = rec.delegation or {}
+            if d.get("result_sent_at"):
+                continue
+            env = {
+                "delegation_id": d.get("delegation_id"),
+                "origin_request_id": d.get("origin_request_id"),
+                "origin_addr": d.get("origin_addr"),
+                "origin_alias": d.get("origin_alias"),
+                "origin_instance_id": d.get("origin_instance_id"),
+            }
+            result = dict(rec.result or {})
+            if result:
+                result["INFERENCE_ELAPSED_TIME"] = round((rec.finished_at or now) - rec.created_at, 3)
+            if self._send_result(env, rec.request_id, rec.status, result, rec.error, rec.error_type):
+                self.service.registry.set_delegation(rec.request_id, {**d, "result_sent_at": now})
+                self._write(self.request_hkey, rec.request_id, None, to=d.get("origin_addr"))
+
+    def _send_result(
+        self,
+        req: dict[str, Any],
+        delegation_id: str,
+        status: RequestStatus,
+        result: dict | None,
+        error: str | None,
+        error_type: Any,
+    ) -> bool:
+        now = time.time()
+        origin = str(req.get("origin_addr") or "")
+        fields_ = {
+            "delegation_id": delegation_id,
+            "origin_request_id": req.get("origin_request_id"),
+            "status": status.value,
+            "origin_addr": origin,
+            "origin_instance_id": req.get("origin_instance_id"),
+            "target_addr": self.member.addr,
+            "target_instance_id": self.member.instance_id,
+            "balancer_group": self.group,
+            "created_at": now,
+            "updated_at": now,
+            "expires_at": now + self.config.result_ttl_s,
+        }
+        roles = {
+            p.EXECUTOR_ADDR: self.member.addr,
+            p.EXECUTOR_ALIAS: self.member.alias,
+            p.DELEGATOR_ADDR: origin,
+            p.DELEGATOR_ALIAS: req.get("origin_alias"),
+        }
+        if status is RequestStatus.COMPLETED and result:
+            body = {**result, "REQUEST_ID": req.get("origin_request_id"), **roles}
+        else:
+            body = {"error": error, "error_type": str(error_type) if error_type else None, **roles}
+        envelope = self.signer.sign(p.envelope(fields_, p.RESULT_BODY, body))
+        if p.encoded_size(envelope) > self.config.max_cstore_bytes:
+            body = {"error": "encoded result envelope exceeds balancing transport limit", **roles}
+            fields_["status"] = RequestStatus.FAILED.value
+            envelope = self.signer.sign(p.envelope(fields_, p.RESULT_BODY, body))
+        ok = self._write(self.result_hkey, delegation_id, envelope, to=origin)
+        if ok:
+            self.counts["results_sent"] += 1
+        return ok
+
+    # -- delegated requests whose peer is gone (origin) ------------------------------------------------
+    def _follow_up(self, now: float) -> None:
+        with self._lock:
+            waiting = {item.key for item in self._outbox}
+        for rec in self.service.registry.delegated("origin", pending=True):
+            d = rec.delegation or {}
+            if rec.request_id in waiting or not d.get("confirmed"):
+                continue  # not written yet (this pass's outbox), or from a boot that never wrote it
+            record = self._records.get(d.get("target_key"))
+            updated = float(record.get("updated_at") or 0.0) if isinstance(record, dict) else 0.0
+            stale = now - updated > self.config.peer_stale_s
+            expired = now - float(d.get("sent_at") or now) > self.config.request_ttl_s
+            if stale or expired:
+                log.warning(
+                    "peer %s of delegated request %s is gone (%s)",
+                    d.get("target_addr"),
+                    rec.request_id,
+                    "its capacity record is stale" if stale else "no result within the request TTL",
+                )
+                self._write(self.request_hkey, str(d.get("delegation_id")), None, to=d.get("target_addr"))
+                self._rerun(rec.request_id, str(d.get("target_addr")), may_have_run=True)
+        # A row of an earlier boot that was marked but never written: it runs here, nothing was sent.
+        for rec in self.service.registry.delegated("origin", pending=True):
+            d = rec.delegation or {}
+            if not d.get("confirmed") and rec.request_id not in waiting and now - float(d.get("sent_at") or 0) > 30:
+                self._rerun(rec.request_id, str(d.get("target_addr")), may_have_run=False)
+
+    # -- what the Service asks -------------------------------------------------------------------------
+    def result_fields(self, key: str) -> dict[str, Any]:
+        """Every result that ran here says so (upstream's EXECUTOR_ fields), and a rerun says why."""
+        fields_ = {p.EXECUTOR_ADDR: self.member.addr, p.EXECUTOR_ALIAS: self.member.alias}
+        note = self._notes.pop(key, None)
+        return {**fields_, **note} if note else fields_
+
+    def state(self) -> dict[str, Any]:
+        now = time.time()
+        peers = p.eligible_peers(self._records, self.member, self.group, now, self.config.peer_stale_s)
+        return {
+            "group": self.group,
+            "instance": self.member.key,
+            "chainstore": self.store_state,
+            "pending_limit": self.config.pending_limit_for(self.service.slots_total()),
+            "peers_accepting": [{"addr": x.addr, "instance_id": x.instance_id, "free": x.free} for x in peers],
+            "counts": dict(self.counts),
+        }
+
+
+def upstream_can_run(request: ChatRequest) -> bool:
+    """Whether an upstream executor (which takes only messages, temperature, max_tokens, top_p,
+    repeat_penalty and response_format) would run this request as asked: everything else at its default."""
+    asked = request.params_dict()
+    if asked.get("guided_decoding") and not request.response_format:  # a regex or grammar guide
+        return False
+    plain = ChatRequest(messages=request.messages, timeout=request.timeout).params_dict()
+    return all(asked.get(k) == v for k, v in plain.items() if k not in (*p.UPSTREAM_KWARGS, "guided_decoding"))
+
+
+def _within(request: ChatRequest, limits: dict[str, Any]) -> None:
+    """An edgellm origin's request, held to this node's own bounds (its limits may be narrower)."""
+    if not limits["min_max_tokens"] <= request.max_tokens <= limits["max_max_tokens"]:
+        raise InvalidRequest(f"max_tokens {request.max_tokens} is outside this node's bounds", param="max_tokens")
+    if not limits["min_temperature"] <= request.temperature <= limits["max_temperature"]:
+        raise InvalidRequest(f"temperature {request.temperature} is outside this node's bounds", param="temperature")
+    if request.timeout > limits["max_timeout"]:
+        raise InvalidRequest(
+            f"timeout {request.timeout} is over this node's {limits['max_timeout']:g} s", param="timeout"
+        )
+    if len(request.messages) > limits["max_messages"]:
+        raise InvalidRequest("too many messages for this node", param="messages")
+
+
+def _expired(env: dict[str, Any], now: float) -> bool:
+    """Past its expires_at (an envelope without a readable one never expires here: its TTL is the peer's)."""
+    try:
+        expires = float(env.get("expires_at") or 0.0)
+    except (TypeError, ValueError):
+        return False
+    return 0.0 < expires < now
