@@ -1,5 +1,5 @@
-"""The import graph of edgellm/: exits 1 on an import cycle, or on batch/, infer/ or synth/ importing the
-runtime (directly or through another module). Issue 20's "layers that read top-down", checked.
+"""The import graph of edgellm/: exits 1 on an import cycle, or on batch/, fleet/, infer/ or synth/ importing
+the runtime (directly or through another module). Issue 20's "layers that read top-down", checked.
 
 Every `import edgellm...` counts, at module level or inside a function (a lazy import is still a
 dependency); imports under `if TYPE_CHECKING:` do not (they never run).
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOWER_LAYERS = ("batch", "infer", "synth")
+LOWER_LAYERS = ("batch", "fleet", "infer", "synth")
 
 
 def modules() -> dict[str, Path]:

@@ -183,6 +183,13 @@ class Registry:
             self._db.execute("ALTER TABLE requests ADD COLUMN owner TEXT")
         if "delegation" not in columns:
             self._db.execute("ALTER TABLE requests ADD COLUMN delegation TEXT")
+        # The balancer reads its rows every poll period: by role, and a result's row by delegation id.
+        self._db.execute(
+            "CREATE INDEX IF NOT EXISTS requests_delegation_role ON requests(json_extract(delegation, '$.role'))"
+        )
+        self._db.execute(
+            "CREATE INDEX IF NOT EXISTS requests_delegation_id ON requests(json_extract(delegation, '$.delegation_id'))"
+        )
 
     def _run(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         try:

@@ -351,6 +351,8 @@ def test_request_balancing_keys_take_upstreams_defaults_and_refuse_bad_values():
             "REQUEST_BALANCING_GROUP": " fleet ",
             "REQUEST_BALANCING_PENDING_LIMIT": 3,
             "REQUEST_BALANCING_PEER_STALE_SECONDS": 20,
+            "REQUEST_BALANCING_CAPACITY_REFRESH_PERIOD": 5,
+            "REQUEST_BALANCING_CAPACITY_REFRESH_JITTER_SECONDS": 2,
             "REQUEST_BALANCING_ACCEPT_UNSIGNED_FROM": ["0xai_up"],
         }
     )
@@ -363,6 +365,16 @@ def test_request_balancing_keys_take_upstreams_defaults_and_refuse_bad_values():
         ({"REQUEST_BALANCING_PENDING_LIMIT": 1.5}, "whole number"),
         ({"REQUEST_BALANCING_ON_PEER_LOST": "retry"}, "rerun_local"),
         ({"REQUEST_BALANCING_ALLOWED_PEERS": "0xai_a"}, "list of node addresses"),
+        (
+            {
+                "REQUEST_BALANCING_ENABLED": True,
+                "REQUEST_BALANCING_GROUP": "g",
+                "REQUEST_BALANCING_PEER_STALE_SECONDS": 30,
+                "REQUEST_BALANCING_CAPACITY_REFRESH_PERIOD": 25,
+                "REQUEST_BALANCING_CAPACITY_REFRESH_JITTER_SECONDS": 5,
+            },
+            "taken for a gone one",
+        ),
     ]:
         with pytest.raises(SettingsError, match=match):
             settings(bad)  # refused with the rest of the config, before anything starts

@@ -349,7 +349,7 @@ def balancing_from_config(config: Mapping[str, Any]) -> BalancingConfig:
     if on_lost not in ("rerun_local", "fail"):
         raise SettingsError(f"REQUEST_BALANCING_ON_PEER_LOST must be 'rerun_local' or 'fail', got {on_lost!r}")
     timeout = cfg.get("REQUEST_TIMEOUT") or 600
-    return BalancingConfig(
+    config = BalancingConfig(
         enabled=enabled,
         group=group,
         pending_limit=_number(cfg, "REQUEST_BALANCING_PENDING_LIMIT", minimum=1, integer=True) if pending else None,
@@ -368,6 +368,17 @@ def balancing_from_config(config: Mapping[str, Any]) -> BalancingConfig:
         accept_unsigned_from=_addresses(cfg, "REQUEST_BALANCING_ACCEPT_UNSIGNED_FROM"),
         allowed_peers=_addresses(cfg, "REQUEST_BALANCING_ALLOWED_PEERS"),
     )
+    # A peer is judged gone when its record is older than the stale time; a live peer that is idle (or
+    # busy with one long request) writes its record only every refresh period + its jitter, so the stale
+    # time must outlast that, or its delegated work would be rerun here while it still runs there.
+    keepalive = config.refresh_period_s + config.refresh_jitter_s
+    if config.active and (config.refresh_period_s <= 0 or config.peer_stale_s <= keepalive):
+        raise SettingsError(
+            "REQUEST_BALANCING_PEER_STALE_SECONDS must be more than REQUEST_BALANCING_CAPACITY_REFRESH_PERIOD + "
+            f"_REFRESH_JITTER_SECONDS (a refresh of 0 disables it): got {config.peer_stale_s:g} s against "
+            f"{config.refresh_period_s:g} + {config.refresh_jitter_s} s; a live peer would be taken for a gone one"
+        )
+    return config
 
 
 def semaphore_env(host: str, port: int | None, lan_ip: str | None) -> dict[str, str]:

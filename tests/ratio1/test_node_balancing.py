@@ -1,0 +1,151 @@
+"""Request balancing between two real offline Ratio1 nodes (naeural-core, one local mosquitto, ChainStore
+running), each hosting EDGELLM_INFERENCE_API in one balancing group (tests/ratio1/fleet.py starts them).
+
+Each engine has 1 slot and 1 thread, so two fit on 2 cores, and the pending limit is 1: a burst into
+node A runs partly on node B (each result says where it ran), every request completes and A's
+request_status answers for all of them; then B is killed with SIGKILL while it holds delegated work,
+and A runs that work itself (its results say so): nothing is lost. The refresh and stale times are
+short (2 s / 8 s) so that a dead peer is noticed within the test.
+
+It needs the node venv (EDGELLM_RATIO1_PYTHON; `make test` exports it): without it the tests fail.
+Select with `pytest tests/ratio1 -k "fleet or balancing"`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from edgellm.ratio1.launcher import free_port
+from tests.nodeproc import wait_until
+from tests.ratio1.fleet import fleet
+
+GROUP = "edgellm-ci-fleet"
+BALANCING = {
+    "REQUEST_BALANCING_ENABLED": True,
+    "REQUEST_BALANCING_GROUP": GROUP,
+    "REQUEST_BALANCING_PENDING_LIMIT": 1,
+    "REQUEST_BALANCING_ANNOUNCE_PERIOD": 2,
+    "REQUEST_BALANCING_CAPACITY_DEBOUNCE_SECONDS": 0,
+    "REQUEST_BALANCING_CAPACITY_REFRESH_PERIOD": 2,
+    "REQUEST_BALANCING_CAPACITY_REFRESH_JITTER_SECONDS": 0,
+    "REQUEST_BALANCING_PEER_STALE_SECONDS": 8,
+    "REQUEST_BALANCING_MAILBOX_POLL_PERIOD": 0.3,
+}
+
+
+def pipeline(port: int) -> dict:
+    instance = {"INSTANCE_ID": "api", "PORT": port, "N_SLOTS": 1, "N_THREADS": 1, "N_CTX": 1024, **BALANCING}
+    return {
+        "NAME": "fleet_api",
+        "TYPE": "Loopback",
+        "PLUGINS": [{"SIGNATURE": "EDGELLM_INFERENCE_API", "INSTANCES": [instance]}],
+    }
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    python = os.environ.get("EDGELLM_RATIO1_PYTHON")
+    if not python:
+        pytest.fail("EDGELLM_RATIO1_PYTHON is not set: run `make ratio1-setup` (or `make test`, which sets it)")
+    ports = [free_port(), free_port()]
+    with fleet(python, tmp_path_factory.mktemp("balancing"), [[pipeline(port)] for port in ports]) as (a, b):
+        for node in (a, b):
+            node.wait_http(node.instances[0], timeout_s=240)
+        yield a, b
+
+
+def status(node) -> dict:
+    return httpx.get(f"{node.base_url}/status", timeout=30).json()["result"]
+
+
+def submit(node, content: str, max_tokens: int) -> str:
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0.7}
+    r = httpx.post(f"{node.base_url}/predict_async", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["result"]["request_id"]
+
+
+def finished(node, request_ids: list[str], timeout_s: float) -> dict[str, dict]:
+    """Each request's final record on `node` (return_full), polled until none is pending."""
+    done: dict[str, dict] = {}
+
+    def poll() -> bool:
+        for rid in request_ids:
+            if rid in done:
+                continue
+            r = httpx.get(
+                f"{node.base_url}/request_status", params={"request_id": rid, "return_full": "true"}, timeout=30
+            )
+            assert r.status_code == 200, r.text
+            rec = r.json()["result"]
+            if rec["status"] != "pending":
+                done[rid] = rec
+        return len(done) == len(request_ids)
+
+    wait_until(poll, timeout_s, what=f"{len(request_ids)} requests to finish on {node.base_url}")
+    return done
+
+
+def peers_known(a, b) -> None:
+    """Until A's balancer sees B accepting (B's capacity record reached A's ChainStore replica)."""
+    wait_until(
+        lambda: any(p["addr"] == b.address for p in status(a)["balancing"]["peers_accepting"]),
+        90,
+        what="node B's capacity record on node A",
+    )
+
+
+def test_balancing_a_burst_into_node_a_runs_partly_on_node_b(nodes):
+    a, b = nodes
+    assert status(a)["balancing"]["chainstore"] == "running"
+    peers_known(a, b)
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda i: submit(a, f"Count from 1 to {10 + i}.", 48), range(8)))
+    records = finished(a, ids, 300)
+    assert {r["status"] for r in records.values()} == {"completed"}, records
+    executors = {rid: r["result"]["EXECUTOR_NODE_ADDR"] for rid, r in records.items()}
+    on_b = [rid for rid, addr in executors.items() if addr == b.address]
+    assert on_b and set(executors.values()) == {a.address, b.address}, executors
+    for rid in on_b:
+        rec = records[rid]
+        assert rec["result"]["DELEGATOR_NODE_ADDR"] == a.address and rec["result"]["REQUEST_ID"] == rid
+        assert rec["delegation"]["target_addr"] == b.address
+        # B's own registry has it, under the delegation id, with where it came from.
+        (mirror,) = finished(b, [rec["delegation"]["delegation_id"]], 30).values()
+        assert mirror["status"] == "completed" and mirror["delegation"]["origin_request_id"] == rid
+        assert mirror["result"]["TEXT_RESPONSE"] == rec["result"]["TEXT_RESPONSE"]
+    counts = status(a)["balancing"]["counts"]
+    assert counts["delegated_out"] == counts["results_received"] == len(on_b)
+
+
+def test_balancing_kill_node_b_mid_burst_loses_nothing(nodes):
+    a, b = nodes
+    peers_known(a, b)
+    before = status(a)["balancing"]["counts"].get("delegated_out", 0)
+    with ThreadPoolExecutor(6) as pool:  # long answers: B still holds its share when it is killed
+        ids = list(pool.map(lambda i: submit(a, f"Write a long story about robot number {i}.", 400), range(6)))
+    wait_until(
+        lambda: status(a)["balancing"]["counts"].get("delegated_out", 0) > before,
+        30,
+        what="a request delegated to node B",
+    )
+    time.sleep(1.0)  # B has taken it (it polls every 0.3 s)
+    os.killpg(b.node.pid, signal.SIGKILL)  # the node and its engine worker, no goodbye
+    records = finished(a, ids, 400)
+    assert {r["status"] for r in records.values()} == {"completed"}, records
+    rerun = [r for r in records.values() if (r.get("delegation") or {}).get("role") == "rerun"]
+    assert rerun, records
+    for rec in rerun:
+        assert rec["result"]["EXECUTOR_NODE_ADDR"] == a.address
+        assert rec["result"]["delegation"] == {
+            "peer_lost": b.address,
+            "rerun_locally": True,
+            "may_have_run_on_peer": True,
+        }
+    assert status(a)["balancing"]["counts"]["rerun_locally"] >= len(rerun)
