@@ -191,6 +191,18 @@ def test_peers_are_filtered_as_upstream_does():
 # -- two nodes ------------------------------------------------------------------------------------------
 
 
+async def one_delegated(tmp_path, store: MemoryStore, config=CONFIG):
+    """A (1 slot, limit 1) and B (2 slots) in a group; A full, then one request delegated and its
+    envelope written: (a, a_engine, a_bal, b, b_engine, b_bal, that request's key)."""
+    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1, config=config)
+    b, b_engine, b_bal = node(tmp_path, "b", B, store, slots=2)
+    await tick(b_bal, a_bal)  # capacity records published and read
+    await busy(a, a_engine, 2)  # one running, one waiting: the limit
+    key = await a.submit(chat(), mode="async")
+    await tick(a_bal)
+    return a, a_engine, a_bal, b, b_engine, b_bal, key
+
+
 async def test_past_the_pending_limit_a_request_runs_on_the_peer_and_its_result_comes_back(tmp_path):
     store = MemoryStore()
     a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1)
@@ -234,12 +246,7 @@ async def test_below_the_limit_or_without_a_peer_requests_stay_local(tmp_path):
 
 async def test_a_replayed_envelope_never_runs_twice(tmp_path):
     store = MemoryStore()
-    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1)
-    b, b_engine, b_bal = node(tmp_path, "b", B, store, slots=2)
-    await tick(b_bal, a_bal)
-    await busy(a, a_engine, 2)
-    await a.submit(chat(), mode="async")
-    await tick(a_bal)
+    a, a_engine, a_bal, b, b_engine, b_bal, _ = await one_delegated(tmp_path, store)
     envelope = dict(store.hgetall(a_bal.request_hkey))
     await tick(b_bal)
     b_bal._seen.clear()  # as after B restarts: only its registry remembers
@@ -252,12 +259,8 @@ async def test_a_replayed_envelope_never_runs_twice(tmp_path):
 async def test_a_peer_that_vanishes_mid_request_loses_nothing(tmp_path, policy):
     store = MemoryStore()
     config = p.BalancingConfig(**{**CONFIG.__dict__, "on_peer_lost": policy})
-    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1, config=config)
-    b, b_engine, b_bal = node(tmp_path, "b", B, store, slots=2)
-    await tick(b_bal, a_bal)
-    await busy(a, a_engine, 2)
-    key = await a.submit(chat(), mode="async")
-    await tick(a_bal, b_bal)
+    a, a_engine, a_bal, b, b_engine, b_bal, key = await one_delegated(tmp_path, store, config)
+    await tick(b_bal)
     assert len(b_engine.submitted) == 1  # B took it ... and is killed before it answers
     record_key = b_bal.member.key
     store.data[a_bal.capacity_hkey][record_key]["updated_at"] -= 60  # its record goes stale
@@ -294,13 +297,8 @@ async def test_an_unconfirmed_write_runs_the_request_here(tmp_path):
 
 
 async def _envelope_for_b(tmp_path, store):
-    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1)
-    b, b_engine, b_bal = node(tmp_path, "b", B, store, slots=2)
-    await tick(b_bal, a_bal)
-    await busy(a, a_engine, 2)
-    await a.submit(chat(), mode="async")
-    await tick(a_bal)
-    ((did, env),) = store.hgetall(a_bal.request_hkey).items()
+    _, _, _, b, b_engine, b_bal, _ = await one_delegated(tmp_path, store)
+    ((did, env),) = store.hgetall(b_bal.request_hkey).items()
     return b, b_engine, b_bal, did, env
 
 
@@ -348,12 +346,7 @@ async def test_an_unsigned_upstream_envelope_is_taken_from_a_trusted_sender(tmp_
 
 async def test_recovery_after_a_restart_leaves_delegated_rows_to_the_balancer(tmp_path):
     store = MemoryStore()
-    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1)
-    b, _, b_bal = node(tmp_path, "b", B, store, slots=2)
-    await tick(b_bal, a_bal)
-    await busy(a, a_engine, 2)
-    key = await a.submit(chat(), mode="async")
-    await tick(a_bal)
+    a, _, _, _, _, _, key = await one_delegated(tmp_path, store)
     a.registry.close()
     again, engine = make_service(tmp_path / "a", boot_id="boot-later")
     assert again.recover() == 2  # the two local ones; not the delegated one
