@@ -97,6 +97,7 @@ class Balancer:
         self._notes: dict[str, dict[str, Any]] = {}  # request key -> fields its local result carries
         self._backoff: dict[str, float] = {}  # peer addr -> no writes to it before this time
         self.counts: Counter[str] = Counter()
+        self._logged: set[str] = set()  # failures already logged with their traceback
         self.store_state = "starting"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -115,27 +116,37 @@ class Balancer:
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            try:
-                self.tick()
-            except Exception:  # a bug or a store failure must not end balancing for good
-                log.exception("request balancing pass failed")
-                self.counts["pass_errors"] += 1
+            self.tick()
             self._stop.wait(max(0.05, self.config.poll_period_s - (time.monotonic() - started)))
 
     def tick(self) -> None:
-        """One pass (see the module docstring); the thread calls it every poll period."""
+        """One pass (see the module docstring); the thread calls it every poll period. Each step on its
+        own: a failing one (a bug, a store error, a bad record) must not stop the others."""
         if not self.store.ready():
             self.store_state = "not running (the node's CHAIN_STORE_BASE is paused or missing)"
             return
         self.store_state = "running"
         now = time.time()
-        self._publish_capacity(now)
+        for step in (
+            self._publish_capacity,
+            self._read_capacity,
+            self._send_outbox,
+            self._take_results,
+            self._take_requests,
+            self._send_results,
+            self._follow_up,
+        ):
+            try:
+                step(now)
+            except Exception as exc:
+                self.counts["pass_errors"] += 1
+                what = f"{step.__name__}: {exc!r}"
+                if what not in self._logged:  # once per distinct failure, not every poll period
+                    self._logged.add(what)
+                    log.exception("request balancing step %s failed", step.__name__)
+
+    def _read_capacity(self, now: float) -> None:
         self._records = self._read(self.capacity_hkey)
-        self._send_outbox()
-        self._take_results(now)
-        self._take_requests(now)
-        self._send_results(now)
-        self._follow_up(now)
 
     def _read(self, hkey: str) -> dict[str, Any]:
         try:
@@ -264,7 +275,7 @@ class Balancer:
         body = {"endpoint_name": fields_["endpoint_name"], "endpoint_kwargs": kwargs}
         return self.signer.sign(p.envelope(fields_, p.REQUEST_BODY, body))
 
-    def _send_outbox(self) -> None:
+    def _send_outbox(self, now: float) -> None:
         with self._lock:
             outgoing, self._outbox = self._outbox, []
         for item in outgoing:

@@ -63,5 +63,8 @@ class NodeSigner:
 
     def known(self, addr: str) -> bool:
         bc = self._plugin.bc
-        peers = set(bc.whitelist_with_prefixes or []) | set(getattr(self._plugin, "cfg_chainstore_peers", None) or [])
+        # The plugin's BCWrapper re-reads the node's authorized_addrs on each call.
+        peers = set(bc.get_whitelist(with_prefix=True) or []) | set(
+            getattr(self._plugin, "cfg_chainstore_peers", None) or []
+        )
         return bc.maybe_add_prefix(addr) in {bc.maybe_add_prefix(a) for a in peers}
