@@ -65,6 +65,23 @@ if __name__ == "__main__":
     code, _ = main(additional_packages=[])
     os._exit(code)
 """
+KEYGEN = """\
+# The node's key, made before start where its BLOCKCHAIN_CONFIG (configs/ratio1/startup.json) looks for it:
+# <workdir>/_local_cache/_data/e2.pem. An existing key is loaded, not replaced. Prints the 0xai_ address.
+import sys
+
+from ratio1 import Logger
+from ratio1.bc import DefaultBlockEngine
+
+log = Logger("EDGELLM_KEYGEN", base_folder=sys.argv[1], app_folder="_local_cache", silent=True)
+config = {"PEM_FILE": "e2.pem", "PASSWORD": None, "PEM_LOCATION": "data"}
+bc = DefaultBlockEngine(log=log, name="edgellm_keygen", config=config)
+print(bc.maybe_add_prefix(bc.address))
+"""
+# CHAIN_STORE_BASE unpaused (NodeOptions.chainstore): the one admin plugin ChainStore replication needs between
+# offline nodes (notes/ratio1_balancing.md, 2.3). Peers are refreshed every 5 s instead of 60 s, so that a
+# whitelisted peer that just came up is written to within seconds.
+CHAINSTORE_ADMIN = {"FORCED_PAUSE": False, "TUNNEL_ENGINE_ENABLED": False, "CHAIN_PEERS_REFRESH_INTERVAL": 5}
 
 
 class Ratio1NodeError(EdgeLLMError):
@@ -99,6 +116,15 @@ class NodeOptions:
     alias: bool | None = None
     ready_timeout_s: float = 300.0
     stop_timeout_s: float = 60.0
+    # A fleet of nodes on one broker (tests/ratio1/fleet.py). The defaults are the single node above.
+    broker_port: int | None = None  # an MQTT broker already listening here: this node neither starts nor stops one
+    chainstore: bool = False  # CHAIN_STORE_BASE unpaused (CHAINSTORE_ADMIN): chainstore_* writes reach the peers
+    # Lines of _local_cache/authorized_addrs ("0xai_<address> [alias]"), written before start: the node's default
+    # ChainStore peers. Empty: the file is left as it is (the node creates it empty).
+    peers: list[str] = field(default_factory=list)
+    # False: pipelines without an API instance are allowed (e.g. only a test plugin); start() then returns once
+    # the node process runs, and the caller waits for its own sign of life (no HTTP port to poll).
+    require_api: bool = True
 
 
 def find_mosquitto() -> str:
@@ -137,6 +163,27 @@ def node_python(venv: str | None = None) -> str:
             "tools/ratio1_venv.sh (make ratio1-setup) and pass --venv PATH or set EDGELLM_RATIO1_PYTHON"
         )
     return python
+
+
+def make_node_key(python: str, workdir: Path) -> str:
+    """Make the node's key in `workdir` before its first start (the node would make one at start, too late
+    for a peer's whitelist) and return its 0xai_ address. `python` is the node venv's: the key comes from its
+    ratio1 SDK, which this interpreter need not have. Idempotent: an existing key is kept."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run(
+            [python, "-c", KEYGEN, str(workdir)], capture_output=True, text=True, timeout=120, cwd=workdir
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Ratio1NodeError(f"cannot make the node key in {workdir}: {exc}") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].startswith("0xai_"):
+        raise Ratio1NodeError(
+            f"cannot make the node key in {workdir} (exit {done.returncode}):\n"
+            f"{done.stdout[-2000:]}{done.stderr[-4000:]}"
+        )
+    return lines[-1]
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -224,6 +271,12 @@ class Ratio1Node:
         self.instances: list[ApiInstance] = []
         self.started_at: float | None = None
         self.ready_s: float | None = None
+        self.address: str | None = None  # the node's 0xai_ address, once make_key() made (or loaded) its key
+
+    def make_key(self) -> str:
+        """Make (or load) the node's key before start; sets and returns `address`."""
+        self.address = make_node_key(self.options.python, self.workdir)
+        return self.address
 
     # -- paths the tests and the command print -------------------------------------------------
     @property
@@ -245,7 +298,8 @@ class Ratio1Node:
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Ratio1Node:
-        mosquitto = find_mosquitto()
+        own_broker = self.options.broker_port is None
+        mosquitto = find_mosquitto() if own_broker else None
         if not (REPO_ROOT / "extensions").is_dir():
             raise Ratio1NodeError(
                 f"{REPO_ROOT / 'extensions'} is missing: the node loads the plugins from a source checkout of edgellm"
@@ -253,14 +307,14 @@ class Ratio1Node:
         self.workdir.mkdir(parents=True, exist_ok=True)
         pipelines = self._pipelines()
         self.instances = api_instances(pipelines)
-        if not self.instances:
+        if not self.instances and self.options.require_api:
             raise Ratio1NodeError(f"no {API_SIGNATURE} instance with a PORT in the pipelines")
         for inst in self.instances:
             if not port_free(inst.port):
                 raise Ratio1NodeError(
                     f"port {inst.port} ({inst.pipeline}/{inst.instance_id}) is in use; pass --port or edit the pipeline"
                 )
-        self.mqtt_port = self._choose_mqtt_port()
+        self.mqtt_port = self._choose_mqtt_port() if own_broker else self._shared_broker_port()
         alias = self.options.alias
         if alias is None:
             alias = any(
@@ -270,11 +324,14 @@ class Ratio1Node:
             )
         self._link_sources(alias=alias)
         startup = self._render(pipelines)
+        self._write_peers()
         self.started_at = time.monotonic()
         try:
-            self._start_broker(mosquitto)
+            if own_broker:
+                self._start_broker(mosquitto)
             self._start_node(startup)
-            self.wait_http(self.instances[0], timeout_s=self.options.ready_timeout_s)
+            if self.instances:
+                self.wait_http(self.instances[0], timeout_s=self.options.ready_timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -302,6 +359,23 @@ class Ratio1Node:
                 raise Ratio1NodeError(f"MQTT port {wanted} is in use; pass another --mqtt-port")
             return wanted
         return DEFAULT_MQTT_PORT if port_free(DEFAULT_MQTT_PORT) else free_port()
+
+    def _shared_broker_port(self) -> int:
+        """broker_port: another node's broker, which must already listen (a clear error here beats a node
+        that retries its MQTT connection forever)."""
+        port = self.options.broker_port
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError:
+            raise Ratio1NodeError(f"no MQTT broker listens on 127.0.0.1:{port} (broker_port)") from None
+        return port
+
+    def _write_peers(self) -> None:
+        """The whitelist the node's ChainStore takes its default peers from (re-read on each refresh)."""
+        if self.options.peers:
+            path = self.workdir / "_local_cache" / "authorized_addrs"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{line}\n" for line in self.options.peers))
 
     def _link_sources(self, *, alias: bool = False) -> None:
         """extensions/ and plugins/ of this checkout, as symlinks in the work dir (a real folder is kept,
@@ -336,6 +410,8 @@ class Ratio1Node:
             (pipe_dir / f"{i:02d}_{name}.json").write_text(json.dumps(pipe, indent=2))
         startup = json.loads((CONFIG_DIR / "startup.json").read_text())
         startup["EE_ID"] = self.options.node_id
+        if self.options.chainstore:
+            startup["ADMIN_PIPELINE"]["CHAIN_STORE_BASE"] = dict(CHAINSTORE_ADMIN)
         startup["CONFIG_RETRIEVE"] = [
             {
                 "TYPE": "local",
@@ -420,7 +496,8 @@ class Ratio1Node:
     # -- stop ------------------------------------------------------------------------------------
     def stop(self) -> None:
         """SIGINT to the node's process group (its clean shutdown: plugins close, engines stop), SIGKILL
-        for what is left after stop_timeout_s; then the broker."""
+        for what is left after stop_timeout_s; then the broker, if this node started it (broker_port: the
+        fleet stops the shared one after all its nodes)."""
         if self.node is not None and self.node.poll() is None:
             _signal_group(self.node.pid, signal.SIGINT)
             try:
