@@ -18,6 +18,7 @@ The integration tests drive the node through `Ratio1Node`, the same code as the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import http.client
 import json
@@ -28,7 +29,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -494,10 +497,10 @@ class Ratio1Node:
         )
 
     # -- stop ------------------------------------------------------------------------------------
-    def stop(self) -> None:
+    def stop(self, *, broker: bool = True) -> None:
         """SIGINT to the node's process group (its clean shutdown: plugins close, engines stop), SIGKILL
-        for what is left after stop_timeout_s; then the broker, if this node started it (broker_port: the
-        fleet stops the shared one after all its nodes)."""
+        for what is left after stop_timeout_s; then the broker, if this node started it (`broker`: False
+        leaves it running for the other nodes of a fleet still stopping; stop_broker() ends it)."""
         if self.node is not None and self.node.poll() is None:
             _signal_group(self.node.pid, signal.SIGINT)
             try:
@@ -507,6 +510,10 @@ class Ratio1Node:
                 self.node.wait(10)
         if self.node is not None:
             _reap_group(self.node.pid)
+        if broker:
+            self.stop_broker()
+
+    def stop_broker(self) -> None:
         if self.broker is not None and self.broker.poll() is None:
             self.broker.terminate()
             try:
@@ -520,6 +527,37 @@ class Ratio1Node:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def fleet(options: list[NodeOptions], *, node_class: type[Ratio1Node] = Ratio1Node) -> Iterator[list[Ratio1Node]]:
+    """Several offline nodes on one broker, ChainStore replicating between them (request balancing's
+    ground), as notes/ratio1_balancing.md 2.3 found it works offline: every node's key is made before
+    any node starts, so each one's whitelist (authorized_addrs: its default ChainStore peers) names all
+    the others; node 0 starts the broker and the others use its port; CHAIN_STORE_BASE runs on each.
+    Yields the started nodes; on exit (a failed start included) they stop together, the broker last."""
+    options = [copy.copy(o) for o in options]
+    mqtt_port = options[0].mqtt_port or free_port()
+    for i, o in enumerate(options):
+        o.chainstore = True
+        o.mqtt_port, o.broker_port = (mqtt_port, None) if i == 0 else (None, mqtt_port)
+    nodes = [node_class(o) for o in options]
+    for node in nodes:
+        node.make_key()
+    for node in nodes:
+        node.options.peers = [f"{peer.address} {peer.options.node_id}" for peer in nodes if peer is not node]
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        # Each node takes ~20 s to shut down: all at once, and the broker they share only after them.
+        stoppers = [threading.Thread(target=node.stop, kwargs={"broker": False}) for node in nodes]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
+        nodes[0].stop_broker()
 
 
 def _alias_overlay(src: Path, dst: Path) -> None:
