@@ -310,10 +310,14 @@ class Registry:
             (json.dumps(delegation) if delegation is not None else None, request_id),
         )
 
-    def delegated(self, role: str, *, pending: bool | None = None) -> list[RequestRecord]:
-        """Unexpired rows of a delegation role, oldest first; `pending`: only unfinished (True) or finished."""
+    def delegated(self, role: str, *, pending: bool | None = None, unsent: bool = False) -> list[RequestRecord]:
+        """Unexpired rows of a delegation role, oldest first; `pending`: only unfinished (True) or finished;
+        `unsent`: finished rows whose result has not been sent back yet (an executor's)."""
         where = ["json_extract(delegation, '$.role') = ?", "(expires_at IS NULL OR expires_at > ?)"]
         args: list[Any] = [role, time.time()]
+        if unsent:
+            where.append("json_extract(delegation, '$.result_sent_at') IS NULL")
+            pending = False
         if pending is not None:
             where.append("status = ?" if pending else "status != ?")
             args.append(RequestStatus.PENDING.value)

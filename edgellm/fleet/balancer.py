@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -72,6 +73,7 @@ class _Outgoing:
 
 
 BACKOFF_S = 5.0  # a peer whose write was not confirmed is not written to again for this long
+WRITERS = 8  # mailbox writes at once
 
 
 class Balancer:
@@ -97,10 +99,12 @@ class Balancer:
         self._notes: dict[str, dict[str, Any]] = {}  # request key -> fields its local result carries
         self._backoff: dict[str, float] = {}  # peer addr -> no writes to it before this time
         self.counts: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
         self._logged: set[str] = set()  # failures already logged with their traceback
         self.store_state = "starting"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -112,6 +116,8 @@ class Balancer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -139,7 +145,7 @@ class Balancer:
             try:
                 step(now)
             except Exception as exc:
-                self.counts["pass_errors"] += 1
+                self._count("pass_errors")
                 what = f"{step.__name__}: {exc!r}"
                 if what not in self._logged:  # once per distinct failure, not every poll period
                     self._logged.add(what)
@@ -168,6 +174,10 @@ class Balancer:
             self._backoff[to] = time.monotonic() + BACKOFF_S
         return ok
 
+    def _count(self, name: str) -> None:
+        with self._count_lock:  # the submit threads, the writers and this thread all count
+            self.counts[name] += 1
+
     # -- capacity ----------------------------------------------------------------------------------
     def capacity(self) -> p.Capacity:
         """Free slots and queue room, from the engine and the service (delegated-in work included)."""
@@ -178,7 +188,9 @@ class Balancer:
         health = service.engine.health() if service.engine is not None else {}
         refused = service.pressure.refusal() if service.pressure is not None else None
         accepting = health.get("state") == "ready" and not service.draining and refused is None and queue_free > 0
-        return p.Capacity(slots, min(slots, in_flight), accepting, queue_free, self.config.max_cstore_bytes)
+        return p.Capacity(
+            slots, min(slots, in_flight), accepting, queue_free, self.config.max_cstore_bytes, max(0, in_flight - slots)
+        )
 
     def _publish_capacity(self, now: float) -> None:
         cap = self.capacity()
@@ -199,14 +211,14 @@ class Balancer:
         if waiting <= self.config.pending_limit_for(slots):
             return False
         with self._lock:
-            peer = self._choose(request)
+            peer = self._choose(request, waiting)
             if peer is None:
                 return False
             delegation_id = uuid.uuid4().hex
             envelope = self._request_envelope(delegation_id, key, request, seed, mode, peer)
             limit = min(self.config.max_cstore_bytes, peer.max_cstore_bytes or self.config.max_cstore_bytes)
             if p.encoded_size(envelope) > limit:
-                self.counts["too_large_to_delegate"] += 1
+                self._count("too_large_to_delegate")
                 return False
             self._sent_since[peer.key] += 1
         delegation = {
@@ -221,27 +233,32 @@ class Balancer:
         self.service.registry.set_delegation(key, delegation)  # before the envelope leaves: restart-safe
         with self._lock:
             self._outbox.append(_Outgoing(key, delegation_id, peer, envelope))
-        self.counts["delegated_out"] += 1
+        self._count("delegated_out")
         return True
 
-    def _choose(self, request: ChatRequest) -> p.Peer | None:
-        """The fresh, accepting peer with the most free slots (less what we sent it since its record),
-        then the most queue room, then at random."""
+    def _choose(self, request: ChatRequest, waiting: int) -> p.Peer | None:
+        """The peer where this request waits least: a free slot first (less what we sent it since its
+        record), else an edgellm peer whose queue (with what we sent it) is shorter than ours (`waiting`);
+        then the most free slots, the most queue room, at random among equals."""
         now = time.time()
-        allowed = self.config.allowed_peers
         best: list[p.Peer] = []
-        best_score: tuple[int, int] | None = None
-        for peer in p.eligible_peers(
-            self._records, self.member, self.group, now, self.config.peer_stale_s, allowed=allowed
-        ):
+        best_score: tuple[int, int, int] | None = None
+        peers = p.eligible_peers(
+            self._records, self.member, self.group, now, self.config.peer_stale_s, allowed=self.config.allowed_peers
+        )
+        for peer in peers:
             if self._seen_at.get(peer.key) != peer.updated_at:  # a new record: our earlier sends are in it
                 self._seen_at[peer.key], self._sent_since[peer.key] = peer.updated_at, 0
-            free = peer.free - self._sent_since[peer.key]
-            if free <= 0 or self._backoff.get(peer.addr, 0.0) > time.monotonic():
+            if self._backoff.get(peer.addr, 0.0) > time.monotonic():
                 continue
             if not peer.edgellm and not upstream_can_run(request):
                 continue
-            score = (free, peer.queue_free)
+            sent = self._sent_since[peer.key]
+            free = peer.free - sent
+            queue = peer.waiting + max(0, -free)  # what would wait there ahead of it
+            if free <= 0 and (not peer.edgellm or queue >= waiting or sent >= peer.queue_free):
+                continue  # an upstream peer takes only a free slot; an edgellm one a shorter queue
+            score = (-queue, free, peer.queue_free - sent)
             if best_score is None or score > best_score:
                 best, best_score = [peer], score
             elif score == best_score:
@@ -275,17 +292,31 @@ class Balancer:
         body = {"endpoint_name": fields_["endpoint_name"], "endpoint_kwargs": kwargs}
         return self.signer.sign(p.envelope(fields_, p.REQUEST_BODY, body))
 
+    def _parallel(self, fn, items: list) -> None:
+        """fn(item) for each item, several at once: a ChainStore write blocks until its peer confirms it
+        (~0.2 s here), so a burst of envelopes written one by one would queue for seconds."""
+        if len(items) <= 1:
+            for item in items:
+                fn(item)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix=f"edgellm-balancer-{self.member.instance_id}")
+        for future in [self._pool.submit(fn, item) for item in items]:
+            future.result()
+
     def _send_outbox(self, now: float) -> None:
         with self._lock:
             outgoing, self._outbox = self._outbox, []
-        for item in outgoing:
-            if self._write(self.request_hkey, item.delegation_id, item.envelope, to=item.peer.addr):
-                self._mark(item.key, confirmed=True)
-                continue
+        self._parallel(self._send_one, outgoing)
+
+    def _send_one(self, item: _Outgoing) -> None:
+        if self._write(self.request_hkey, item.delegation_id, item.envelope, to=item.peer.addr):
+            self._mark(item.key, confirmed=True)
+        else:
             # Not confirmed: the peer may be gone. The request runs here; a copy that did reach the peer
             # is withdrawn (best effort), and the result says it may have run there too.
             log.warning("delegating %s to %s was not confirmed: running it here", item.key, item.peer.addr)
-            self.counts["delegation_unconfirmed"] += 1
+            self._count("delegation_unconfirmed")
             self._write(self.request_hkey, item.delegation_id, None, to=item.peer.addr)
             self._rerun(item.key, item.peer.addr, may_have_run=True)
 
@@ -310,7 +341,7 @@ class Balancer:
                 + (" and may have run on that peer" if may_have_run else ""),
                 ErrorType.ENGINE_UNAVAILABLE,
             )
-            self.counts["peer_lost_failed"] += 1
+            self._count("peer_lost_failed")
             return
         self.service.registry.set_delegation(key, {**(rec.delegation or {}), "role": "rerun", **note})
         self._notes[key] = {"delegation": note}
@@ -318,7 +349,7 @@ class Balancer:
             self.service.run_locally(key)
         except EdgeLLMError as exc:
             self.service.finish_delegated(key, RequestStatus.FAILED, None, exc.message, exc.error_type)
-        self.counts["rerun_locally"] += 1
+        self._count("rerun_locally")
 
     # -- results for our requests (origin) -------------------------------------------------------------
     def _take_results(self, now: float) -> None:
@@ -330,7 +361,7 @@ class Balancer:
             refusal = self._refusal(env, claimed=env.get("target_addr"))
             if refusal is not None:
                 log.warning("refused a result for delegation %s: %s", delegation_id, refusal)
-                self.counts["refused"] += 1
+                self._count("refused")
                 self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
                 continue
             rec = self.service.registry.by_delegation_id(str(delegation_id))
@@ -339,13 +370,13 @@ class Balancer:
                     log.info(
                         "late result for %s from %s dropped (it ended here)", rec.request_id, env.get("target_addr")
                     )
-                    self.counts["late_results"] += 1
+                    self._count("late_results")
                 self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
                 continue
             status, result, error, error_type = self._result_of(env, rec.request_id)
             self.service.finish_delegated(rec.request_id, status, result, error, error_type)
             self._mark(rec.request_id, result_at=now)
-            self.counts["results_received"] += 1
+            self._count("results_received")
             self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
 
     def _result_of(self, env: dict[str, Any], key: str) -> tuple[RequestStatus, dict | None, str | None, str | None]:
@@ -384,7 +415,7 @@ class Balancer:
                 refusal = f"the envelope is for balancing group {env.get('balancer_group')!r}, not {self.group!r}"
             if refusal is not None:
                 self._seen.add(delegation_id)
-                self.counts["refused"] += 1
+                self._count("refused")
                 log.warning("refused delegated request %s from %s: %s", delegation_id, origin, refusal)
                 if origin and self.signer.known(origin):  # a known origin learns why; a stranger is ignored
                     self._send_result(
@@ -437,7 +468,7 @@ class Balancer:
             log.info("delegated request %s from %s waits: %s", delegation_id, origin, exc.message)
             return
         self._seen.add(delegation_id)
-        self.counts["delegated_in" if fresh else "replays_ignored"] += 1
+        self._count("delegated_in" if fresh else "replays_ignored")
 
     def _request_of(self, body: dict[str, Any]) -> tuple[ChatRequest, int]:
         kwargs = body.get("endpoint_kwargs")
@@ -458,23 +489,25 @@ class Balancer:
         return parse_chat_request(request_body, **limits), random.getrandbits(64)
 
     def _send_results(self, now: float) -> None:
-        for rec in self.service.registry.delegated("executor", pending=False):
-            d = rec.delegation or {}
-            if d.get("result_sent_at"):
-                continue
-            env = {
-                "delegation_id": d.get("delegation_id"),
-                "origin_request_id": d.get("origin_request_id"),
-                "origin_addr": d.get("origin_addr"),
-                "origin_alias": d.get("origin_alias"),
-                "origin_instance_id": d.get("origin_instance_id"),
-            }
-            result = dict(rec.result or {})
-            if result:
-                result["INFERENCE_ELAPSED_TIME"] = round((rec.finished_at or now) - rec.created_at, 3)
-            if self._send_result(env, rec.request_id, rec.status, result, rec.error, rec.error_type):
-                self.service.registry.set_delegation(rec.request_id, {**d, "result_sent_at": now})
-                self._write(self.request_hkey, rec.request_id, None, to=d.get("origin_addr"))
+        self._parallel(
+            lambda rec: self._return_result(rec, now), self.service.registry.delegated("executor", unsent=True)
+        )
+
+    def _return_result(self, rec, now: float) -> None:
+        d = rec.delegation or {}
+        env = {
+            "delegation_id": d.get("delegation_id"),
+            "origin_request_id": d.get("origin_request_id"),
+            "origin_addr": d.get("origin_addr"),
+            "origin_alias": d.get("origin_alias"),
+            "origin_instance_id": d.get("origin_instance_id"),
+        }
+        result = dict(rec.result or {})
+        if result:
+            result["INFERENCE_ELAPSED_TIME"] = round((rec.finished_at or now) - rec.created_at, 3)
+        if self._send_result(env, rec.request_id, rec.status, result, rec.error, rec.error_type):
+            self.service.registry.set_delegation(rec.request_id, {**d, "result_sent_at": now})
+            self._write(self.request_hkey, rec.request_id, None, to=d.get("origin_addr"))
 
     def _send_result(
         self,
@@ -517,7 +550,7 @@ class Balancer:
             envelope = self.signer.sign(p.envelope(fields_, p.RESULT_BODY, body))
         ok = self._write(self.result_hkey, delegation_id, envelope, to=origin)
         if ok:
-            self.counts["results_sent"] += 1
+            self._count("results_sent")
         return ok
 
     # -- delegated requests whose peer is gone (origin) ------------------------------------------------

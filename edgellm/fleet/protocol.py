@@ -157,9 +157,10 @@ class Capacity:
 
     total: int
     used: int
-    accepting: bool
+    accepting: bool  # takes new work at all (engine ready, queue room): edgellm's own test
     queue_free: int
     max_cstore_bytes: int
+    waiting: int = 0  # in flight beyond the slots: this instance's queue
 
     @property
     def free(self) -> int:
@@ -167,7 +168,7 @@ class Capacity:
 
     def shape(self) -> tuple:
         """What a change is judged on (debounce); the time is not part of it."""
-        return (self.total, self.used, self.accepting, self.queue_free)
+        return (self.total, self.used, self.accepting, self.queue_free, self.waiting)
 
     def record(self, member: Member, group: str, now: float, version: str) -> dict[str, Any]:
         return {
@@ -181,11 +182,15 @@ class Capacity:
             "capacity_used": self.used,
             "capacity_free": self.free,
             "max_cstore_bytes": self.max_cstore_bytes,
+            # Upstream's meaning: a free slot now (an upstream delegator sends only to such a peer).
             "accepting_requests": self.accepting and self.free > 0,
             "updated_at": now,
-            # edgellm's: an edgellm delegator also weighs queue room; upstream reads fields by name.
+            # edgellm's (upstream reads fields by name): an edgellm delegator also sends to a busy peer
+            # whose queue is shorter than its own, so a burst spreads instead of queueing on one node.
             "engine": ENGINE,
             "queue_free": self.queue_free,
+            "waiting": self.waiting,
+            "edgellm_accepting": self.accepting,
             "edgellm_version": version,
         }
 
@@ -202,6 +207,7 @@ class Peer:
     updated_at: float
     edgellm: bool
     max_cstore_bytes: int
+    waiting: int = 0
 
     @classmethod
     def from_record(cls, key: str, rec: Any) -> Peer | None:
@@ -217,6 +223,7 @@ class Peer:
                 updated_at=float(rec.get("updated_at") or 0.0),
                 edgellm=rec.get("engine") == ENGINE,
                 max_cstore_bytes=int(rec.get("max_cstore_bytes") or 0),
+                waiting=max(0, int(rec.get("waiting") or 0)),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -226,7 +233,8 @@ def eligible_peers(
     records: dict[str, Any], me: Member, group: str, now: float, stale_s: float, *, allowed: tuple[str, ...] = ()
 ) -> list[Peer]:
     """Upstream's filter (BIA _select_execution_peer): not us, our group, our signature (a peer of another
-    plugin runs another API), fresh, accepting, a free slot. `allowed`: when given, only those addresses."""
+    plugin runs another API), fresh, accepting (a free slot; an edgellm peer: queue room will do).
+    `allowed`: when given, only those addresses."""
     peers = []
     for key, rec in records.items():
         if not isinstance(rec, dict) or key == me.key or rec.get("ee_addr") == me.addr:
@@ -234,7 +242,9 @@ def eligible_peers(
         if rec.get("balancer_group") != group or rec.get("signature") != me.signature:
             continue
         peer = Peer.from_record(key, rec)
-        if peer is None or now - peer.updated_at > stale_s or not rec.get("accepting_requests"):
+        if peer is None or now - peer.updated_at > stale_s:
+            continue
+        if not rec.get("accepting_requests") and not (peer.edgellm and rec.get("edgellm_accepting") is True):
             continue
         if allowed and peer.addr not in allowed:
             continue

@@ -181,10 +181,14 @@ def test_peers_are_filtered_as_upstream_does():
         "stale": rec("0xai_c", updated_at=10.0),
         "other_group": rec("0xai_d", balancer_group="h"),
         "other_plugin": rec("0xai_e", signature="LLM_INFERENCE_API"),
-        "full": rec("0xai_f", capacity_free=0, accepting_requests=False),
+        "full_upstream": rec("0xai_f", capacity_free=0, accepting_requests=False, engine=None),
+        "full_not_taking": rec("0xai_g", capacity_free=0, accepting_requests=False, edgellm_accepting=False),
+        # An edgellm peer with no free slot but queue room: an edgellm delegator may still send to it.
+        "full_edgellm": rec("0xai_h", capacity_free=0, accepting_requests=False, waiting=3),
         "garbage": "not a record",
     }
-    assert [x.key for x in p.eligible_peers(records, me, "g", 105.0, 30.0)] == ["fresh"]
+    peers = p.eligible_peers(records, me, "g", 105.0, 30.0)
+    assert [x.key for x in peers] == ["fresh", "full_edgellm"] and peers[1].waiting == 3
     assert p.eligible_peers(records, me, "g", 105.0, 30.0, allowed=("0xai_z",)) == []
 
 
@@ -229,6 +233,21 @@ async def test_past_the_pending_limit_a_request_runs_on_the_peer_and_its_result_
     local = a_engine.submitted[0].request_id
     a_engine.finish(a, local)
     assert (await a.request_status(local, return_full=False))["result"]["EXECUTOR_NODE_ADDR"] == A
+
+
+async def test_a_burst_spreads_to_a_busy_peer_with_a_shorter_queue(tmp_path):
+    """B has 1 slot: after the first request it has no free slot, but while A's queue is longer than
+    B's (what A sent it counted), A keeps sending it work; an even split, not one request."""
+    store = MemoryStore()
+    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1)
+    b, b_engine, b_bal = node(tmp_path, "b", B, store, slots=1)
+    await tick(b_bal, a_bal)
+    for _ in range(12):
+        await a.submit(chat(), mode="async")
+    sent = a_bal.counts["delegated_out"]
+    assert 4 <= sent <= 6, sent  # A: 1 running + ~5 waiting; B: the rest, on the record it had
+    await tick(a_bal, b_bal)
+    assert len(b_engine.submitted) == sent and len(a_engine.submitted) == 12 - sent
 
 
 async def test_below_the_limit_or_without_a_peer_requests_stay_local(tmp_path):
