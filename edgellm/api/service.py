@@ -463,8 +463,10 @@ class Service:
                 self._post(self._push_delta, out)
                 continue
             outcome = outcome_of(out, self._models.pop(out.request_id, self.model_name), public_id(out.request_id))
-            if self.delegator is not None and outcome.result is not None:
-                outcome.result.update(self.delegator.result_fields(out.request_id))  # where it ran
+            if self.delegator is not None:
+                ran = self.delegator.result_fields(out.request_id)  # where it ran (asked even for a failure)
+                if outcome.result is not None:
+                    outcome.result.update(ran)
             finals.append(outcome)
             self.instruments.finished(
                 outcome.status.value,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 import uuid
@@ -74,6 +75,9 @@ class _Outgoing:
 
 BACKOFF_S = 5.0  # a peer whose write was not confirmed is not written to again for this long
 WRITERS = 8  # mailbox writes at once
+# An executor registers a delegated request under its delegation id: one an id of ours could never be
+# mistaken for (no "@", which scopes a caller's own id to its owner), and short.
+DELEGATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class Balancer:
@@ -395,20 +399,22 @@ class Balancer:
 
     # -- requests from peers (executor) ----------------------------------------------------------------
     def _take_requests(self, now: float) -> None:
-        for delegation_id, env in self._read(self.request_hkey).items():
+        mailbox = self._read(self.request_hkey)
+        self._seen &= set(mailbox)  # what left the mailbox cannot come back under its id: forget it
+        for delegation_id, env in mailbox.items():
             if not isinstance(env, dict) or env.get("target_addr") != self.member.addr:
                 continue
             if env.get("target_instance_id") not in (None, "", self.member.instance_id):
                 continue
-            delegation_id = str(delegation_id)
-            if delegation_id in self._seen:
-                continue
             origin = str(env.get("origin_addr") or "")
             if _expired(env, now):
-                self._seen.add(delegation_id)
                 self._write(self.request_hkey, delegation_id, None, to=origin)
                 continue
+            if delegation_id in self._seen:
+                continue
             refusal = self._refusal(env, claimed=origin)
+            if refusal is None and not (isinstance(delegation_id, str) and DELEGATION_ID.fullmatch(delegation_id)):
+                refusal = "its delegation id is not 1-64 characters of [A-Za-z0-9_-]"
             if refusal is None and p.encoded_size(env) > self.config.max_cstore_bytes:
                 refusal = f"the request envelope is over this node's {self.config.max_cstore_bytes} byte cap"
             if refusal is None and env.get("balancer_group") not in (None, self.group):
@@ -417,7 +423,7 @@ class Balancer:
                 self._seen.add(delegation_id)
                 self._count("refused")
                 log.warning("refused delegated request %s from %s: %s", delegation_id, origin, refusal)
-                if origin and self.signer.known(origin):  # a known origin learns why; a stranger is ignored
+                if origin and isinstance(delegation_id, str) and self.signer.known(origin):  # a stranger: ignored
                     self._send_result(
                         env, delegation_id, RequestStatus.FAILED, None, refusal, ErrorType.INVALID_REQUEST
                     )
