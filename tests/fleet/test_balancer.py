@@ -371,3 +371,14 @@ async def test_recovery_after_a_restart_leaves_delegated_rows_to_the_balancer(tm
     assert again.recover() == 2  # the two local ones; not the delegated one
     assert key not in {r.request_id for r in engine.submitted}
     assert again.registry.get(key).delegation["role"] == "origin"
+
+
+async def test_an_envelope_under_an_id_that_could_pass_for_a_local_key_is_refused(tmp_path):
+    """A delegated request is registered under its delegation id: "x@owner" would read as another
+    caller's own id, and a long one bloats every record; only [A-Za-z0-9_-]{1,64} is taken."""
+    store = MemoryStore()
+    b, b_engine, b_bal, did, env = await _envelope_for_b(tmp_path, store)
+    del store.data[b_bal.request_hkey][did]
+    store.data[b_bal.request_hkey]["job@0123abcd"] = env
+    await tick(b_bal)
+    assert b_engine.submitted == [] and b_bal.counts["refused"] == 1
