@@ -304,19 +304,27 @@ class Service:
 
     def _hand_over(self, key: str, request: ChatRequest, seed: int, *, mode: str, stream: bool) -> None:
         """To this node's engine, or (a balancing group, the local queue past its limit) to a peer."""
-        if not stream and self.delegator is not None and self.delegator.delegate(key, request, seed, mode):
-            return
+        if not stream and self.delegator is not None:
+            try:
+                if self.delegator.delegate(key, request, seed, mode):
+                    return
+            except Exception:  # balancing is an option: a fault in it must not cost this request
+                log.exception("request balancing failed for %s; running it here", key)
+                self.registry.set_delegation(key, None)
         self._dispatch(key, request, seed, stream=stream, created_at=time.time())
 
     # -- request balancing (fleet/balancer.py calls these from its own thread) --------------------
-    def accept_delegated(self, key: str, request: ChatRequest, seed: int, delegation: dict[str, Any]) -> bool:
+    def accept_delegated(
+        self, key: str, request: ChatRequest, seed: int, delegation: dict[str, Any], *, owner: str | None = None
+    ) -> bool:
         """Run a request a peer node delegated here, as an async request under `key` (its delegation id);
         False when that key was already taken (a replayed envelope: it never runs twice). Raises what
-        submit would (engine not ready, 429 when max_queued are in flight)."""
+        submit would (engine not ready, 429 when max_queued are in flight). `owner`: who may read its record
+        (the balancer's "fleet:<origin>", which no token hashes to: this node's callers cannot)."""
         self._require_engine()
         with self.requests.registering_one(self._refuse_when_full):
             if not self.registry.insert(
-                key, "async", request.params_dict(), request.metadata, seed, delegation=delegation
+                key, "async", request.params_dict(), request.metadata, seed, owner=owner, delegation=delegation
             ):
                 return False
             self.instruments.count("submitted")

@@ -18,7 +18,9 @@ Nothing here imports naeural_core: the plugin passes a ChainStore and a Signer o
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import random
 import re
 import threading
@@ -33,7 +35,9 @@ from edgellm import __version__
 from edgellm.api.chat_request import ChatRequest
 from edgellm.api.registry import RequestStatus
 from edgellm.api.request_state import public_id
+from edgellm.api.submission import check_vocabulary
 from edgellm.api.validation import parse_chat_request
+from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.errors import EdgeLLMError, ErrorType, InvalidRequest
 from edgellm.fleet import protocol as p
 
@@ -75,6 +79,8 @@ class _Outgoing:
 
 BACKOFF_S = 5.0  # a peer whose write was not confirmed is not written to again for this long
 WRITERS = 8  # mailbox writes at once
+RESULT_GRACE_S = 60.0  # past a delegated request's deadline, how long its result may take to come back
+MAX_ERROR_CHARS = 2000  # of a peer's error message, stored and answered
 # An executor registers a delegated request under its delegation id: one an id of ours could never be
 # mistaken for (no "@", which scopes a caller's own id to its owner), and short.
 DELEGATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -102,6 +108,7 @@ class Balancer:
         self._seen: set[str] = set()  # delegation ids taken (or refused) as executor in this boot
         self._notes: dict[str, dict[str, Any]] = {}  # request key -> fields its local result carries
         self._backoff: dict[str, float] = {}  # peer addr -> no writes to it before this time
+        self._missing_since: dict[str, float] = {}  # a delegation's target record key -> when it went missing
         self.counts: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         self._logged: set[str] = set()  # failures already logged with their traceback
@@ -150,24 +157,42 @@ class Balancer:
                 step(now)
             except Exception as exc:
                 self._count("pass_errors")
-                what = f"{step.__name__}: {exc!r}"
+                what = f"{step.__name__}: {type(exc).__name__}"  # not the message: it may carry a peer's values
                 if what not in self._logged:  # once per distinct failure, not every poll period
                     self._logged.add(what)
                     log.exception("request balancing step %s failed", step.__name__)
 
     def _read_capacity(self, now: float) -> None:
-        self._records = self._read(self.capacity_hkey)
+        records = self._read(self.capacity_hkey, keep=None)
+        if records is None:  # unreadable now: the last records stand (no peer is judged gone on a read error)
+            return
+        # Only a peer this node knows gets its users' prompts: any signed node can write a record.
+        trusted = {
+            key for key, rec in records.items() if isinstance(rec, dict) and self._trusts(str(rec.get("ee_addr") or ""))
+        }
+        self._records = {k: v for k, v in records.items() if k in trusted}
+        for key in set(self._sent_since) - trusted:
+            self._sent_since.pop(key, None)
+            self._seen_at.pop(key, None)
+        for key in set(self._missing_since) & trusted:
+            self._missing_since.pop(key, None)  # it is back
 
-    def _read(self, hkey: str) -> dict[str, Any]:
+    def _trusts(self, addr: str) -> bool:
+        return bool(addr) and (addr in self.config.allowed_peers or self.signer.known(addr))
+
+    def _read(self, hkey: str, keep: Any = ...) -> Any:
+        """The hash's entries ({} on a read error, or `keep` when given)."""
         try:
             got = self.store.hgetall(hkey)
         except Exception as exc:
             log.warning("reading %s failed: %r", hkey, exc)
-            return {}
-        return got if isinstance(got, dict) else {}
+            return {} if keep is ... else keep
+        return got if isinstance(got, dict) else ({} if keep is ... else keep)
 
-    def _write(self, hkey: str, key: str, value: Any, *, to: str | None = None) -> bool:
-        if to is not None and self._backoff.get(to, 0.0) > time.monotonic():
+    def _write(self, hkey: str, key: str, value: Any, *, to: Any = None) -> bool:
+        to = None if to is None else str(to)  # an address from a peer's envelope may be anything
+        # A delete is never held back: it is what withdraws an envelope from a peer that may be gone.
+        if to is not None and value is not None and self._backoff.get(to, 0.0) > time.monotonic():
             return False
         try:
             ok = bool(self.store.hset(hkey, key, value, to=to))
@@ -350,9 +375,12 @@ class Balancer:
         self.service.registry.set_delegation(key, {**(rec.delegation or {}), "role": "rerun", **note})
         self._notes[key] = {"delegation": note}
         try:
-            self.service.run_locally(key)
-        except EdgeLLMError as exc:
-            self.service.finish_delegated(key, RequestStatus.FAILED, None, exc.message, exc.error_type)
+            if not self.service.run_locally(key):
+                self._notes.pop(key, None)
+        except Exception as exc:
+            self._notes.pop(key, None)
+            message = exc.message if isinstance(exc, EdgeLLMError) else f"could not run it here: {exc!r}"
+            self.service.finish_delegated(key, RequestStatus.FAILED, None, message, ErrorType.ENGINE_ERROR)
         self._count("rerun_locally")
 
     # -- results for our requests (origin) -------------------------------------------------------------
@@ -360,28 +388,37 @@ class Balancer:
         for delegation_id, env in self._read(self.result_hkey).items():
             if not isinstance(env, dict) or env.get("origin_addr") != self.member.addr:
                 continue
-            if env.get("origin_instance_id") not in (None, self.member.instance_id):
+            if env.get("origin_instance_id") not in (None, "", self.member.instance_id):
                 continue
-            refusal = self._refusal(env, claimed=env.get("target_addr"))
-            if refusal is not None:
-                log.warning("refused a result for delegation %s: %s", delegation_id, refusal)
-                self._count("refused")
+            try:
+                self._take_result(str(delegation_id), env)
+            except Exception:  # one hostile entry must not hold up the others
+                self._count("bad_entries")
+                log.exception("a result entry could not be handled; deleted")
                 self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
-                continue
-            rec = self.service.registry.by_delegation_id(str(delegation_id))
-            if rec is None or rec.delegation is None or rec.status.is_finished:
-                if rec is not None:
-                    log.info(
-                        "late result for %s from %s dropped (it ended here)", rec.request_id, env.get("target_addr")
-                    )
-                    self._count("late_results")
-                self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
-                continue
+
+    def _take_result(self, delegation_id: str, env: dict[str, Any]) -> None:
+        rec = self.service.registry.by_delegation_id(delegation_id)
+        d = (rec.delegation or {}) if rec is not None else {}
+        if rec is None or d.get("role") not in ("origin", "rerun"):
+            self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))  # not a delegation of ours
+            return
+        # Only the peer it was sent to may answer it, signed as itself.
+        refusal = self._refusal(env, claimed=d.get("target_addr"))
+        if refusal is None and env.get("delegation_id") not in (None, delegation_id):
+            refusal = "its delegation id is not the one it is stored under"
+        if refusal is not None:
+            log.warning("refused a result for delegation %s: %s", delegation_id, refusal)
+            self._count("refused")
+        elif d.get("role") != "origin" or rec.status.is_finished:
+            log.info("late result for %s from %s dropped (it ran here)", rec.request_id, d.get("target_addr"))
+            self._count("late_results")
+        else:
             status, result, error, error_type = self._result_of(env, rec.request_id)
             self.service.finish_delegated(rec.request_id, status, result, error, error_type)
-            self._mark(rec.request_id, result_at=now)
+            self._mark(rec.request_id, result_at=time.time())
             self._count("results_received")
-            self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
+        self._write(self.result_hkey, delegation_id, None, to=env.get("target_addr"))
 
     def _result_of(self, env: dict[str, Any], key: str) -> tuple[RequestStatus, dict | None, str | None, str | None]:
         try:
@@ -395,42 +432,54 @@ class Balancer:
             return RequestStatus.COMPLETED, body, None, None
         kind = RequestStatus.TIMEOUT if status == "timeout" else RequestStatus.FAILED
         error = str(body.get("error") or f"the peer {env.get('target_addr')} reported {status or 'no status'}")
-        return kind, None, error, body.get("error_type") or ErrorType.ENGINE_ERROR
+        kind_of_error = body.get("error_type")
+        error_type = ErrorType.of(kind_of_error) if isinstance(kind_of_error, str) else ErrorType.ENGINE_ERROR
+        return kind, None, error[:MAX_ERROR_CHARS], error_type or ErrorType.ENGINE_ERROR
 
     # -- requests from peers (executor) ----------------------------------------------------------------
     def _take_requests(self, now: float) -> None:
         mailbox = self._read(self.request_hkey)
         self._seen &= set(mailbox)  # what left the mailbox cannot come back under its id: forget it
+        room = self.capacity().queue_free
         for delegation_id, env in mailbox.items():
             if not isinstance(env, dict) or env.get("target_addr") != self.member.addr:
                 continue
-            if env.get("target_instance_id") not in (None, "", self.member.instance_id):
+            if env.get("target_instance_id") not in (None, "", self.member.instance_id) or delegation_id in self._seen:
                 continue
-            origin = str(env.get("origin_addr") or "")
-            if _expired(env, now):
-                self._write(self.request_hkey, delegation_id, None, to=origin)
-                continue
-            if delegation_id in self._seen:
-                continue
-            refusal = self._refusal(env, claimed=origin)
-            if refusal is None and not (isinstance(delegation_id, str) and DELEGATION_ID.fullmatch(delegation_id)):
-                refusal = "its delegation id is not 1-64 characters of [A-Za-z0-9_-]"
-            if refusal is None and p.encoded_size(env) > self.config.max_cstore_bytes:
-                refusal = f"the request envelope is over this node's {self.config.max_cstore_bytes} byte cap"
-            if refusal is None and env.get("balancer_group") not in (None, self.group):
-                refusal = f"the envelope is for balancing group {env.get('balancer_group')!r}, not {self.group!r}"
-            if refusal is not None:
+            if room <= 0:
+                return  # left in the mailbox for a later pass
+            try:
+                room -= self._take_request(delegation_id, env, now)
+            except Exception:  # one hostile entry must not hold up the others
                 self._seen.add(delegation_id)
-                self._count("refused")
-                log.warning("refused delegated request %s from %s: %s", delegation_id, origin, refusal)
-                if origin and isinstance(delegation_id, str) and self.signer.known(origin):  # a stranger: ignored
-                    self._send_result(
-                        env, delegation_id, RequestStatus.FAILED, None, refusal, ErrorType.INVALID_REQUEST
-                    )
-                continue
-            if self.capacity().queue_free <= 0:
-                continue  # left in the mailbox for a later pass
-            self._accept(env, delegation_id, origin)
+                self._count("bad_entries")
+                log.exception("a delegated request entry could not be handled; deleted")
+                self._write(self.request_hkey, delegation_id, None, to=env.get("origin_addr"))
+
+    def _take_request(self, delegation_id: Any, env: dict[str, Any], now: float) -> int:
+        """Refuse, or register and run, one envelope addressed here; 1 when it took queue room."""
+        origin = str(env.get("origin_addr") or "")
+        if _expired(env, now):
+            self._write(self.request_hkey, delegation_id, None, to=origin)
+            return 0
+        refusal = self._refusal(env, claimed=origin)
+        if refusal is None and not (isinstance(delegation_id, str) and DELEGATION_ID.fullmatch(delegation_id)):
+            refusal = "its delegation id is not 1-64 characters of [A-Za-z0-9_-]"
+        if refusal is None and env.get("delegation_id") != delegation_id:
+            refusal = "its delegation id is not the one it is stored under (a copied envelope)"
+        if refusal is None and p.encoded_size(env) > self.config.max_cstore_bytes:
+            refusal = f"the request envelope is over this node's {self.config.max_cstore_bytes} byte cap"
+        if refusal is None and env.get("balancer_group") not in (None, self.group):
+            refusal = f"the envelope is for balancing group {env.get('balancer_group')!r}, not {self.group!r}"
+        if refusal is None:
+            return self._accept(env, delegation_id, origin)
+        self._seen.add(delegation_id)
+        self._count("refused")
+        log.warning("refused delegated request %r from %s: %s", delegation_id, origin[:80], refusal)
+        if origin and isinstance(delegation_id, str) and self._trusts(origin):  # a stranger is not answered
+            self._send_result(env, delegation_id, RequestStatus.FAILED, None, refusal, ErrorType.INVALID_REQUEST)
+        self._write(self.request_hkey, delegation_id, None, to=origin)  # gone from this replica at least
+        return 0
 
     def _refusal(self, env: dict[str, Any], *, claimed: Any) -> str | None:
         """Why an envelope is not taken: unsigned from a sender not trusted to send unsigned, a signature
@@ -449,7 +498,7 @@ class Balancer:
             return f"{signer} is not a known peer of this node"
         return None
 
-    def _accept(self, env: dict[str, Any], delegation_id: str, origin: str) -> None:
+    def _accept(self, env: dict[str, Any], delegation_id: str, origin: str) -> int:
         try:
             body = p.decode_body(env.get(p.REQUEST_BODY))
             request, seed = self._request_of(body)
@@ -457,42 +506,58 @@ class Balancer:
             self._seen.add(delegation_id)
             message = exc.message if isinstance(exc, EdgeLLMError) else str(exc)
             self._send_result(env, delegation_id, RequestStatus.FAILED, None, message, ErrorType.INVALID_REQUEST)
-            return
+            return 0
         delegation = {
             "role": "executor",
             "delegation_id": delegation_id,
             "origin_addr": origin,
-            "origin_alias": env.get("origin_alias"),
-            "origin_request_id": env.get("origin_request_id"),
-            "origin_instance_id": env.get("origin_instance_id"),
+            **{k: _text(env.get(k)) for k in ("origin_alias", "origin_request_id", "origin_instance_id")},
             "received_at": time.time(),
             "result_sent_at": None,
         }
         try:
-            fresh = self.service.accept_delegated(delegation_id, request, seed, delegation)
+            fresh = self.service.accept_delegated(delegation_id, request, seed, delegation, owner=f"fleet:{origin}")
         except EdgeLLMError as exc:  # engine not ready or the queue full: try again on a later pass
             log.info("delegated request %s from %s waits: %s", delegation_id, origin, exc.message)
-            return
+            return 0
         self._seen.add(delegation_id)
-        self._count("delegated_in" if fresh else "replays_ignored")
+        if fresh:
+            self._count("delegated_in")
+            return 1
+        held = self.service.registry.get(delegation_id)
+        if held is not None and (held.delegation or {}).get("origin_addr") == origin:
+            self._count("replays_ignored")  # the same delegation again: it ran (or runs) once
+        else:  # an id that is some other request's here: never mixed up with it
+            error = "the delegation id is already used on the executor; send it again under a new one"
+            self._send_result(env, delegation_id, RequestStatus.FAILED, None, error, ErrorType.INVALID_REQUEST)
+        return 0
 
     def _request_of(self, body: dict[str, Any]) -> tuple[ChatRequest, int]:
+        """The envelope's request, held to this node's own rules as a local one is (its limits, its
+        vocabulary, a guide that compiles); media, other models and raw prompts are not taken."""
         kwargs = body.get("endpoint_kwargs")
         if not isinstance(kwargs, dict):
             raise p.ProtocolError("the request body has no endpoint_kwargs")
         limits = self.service.config.limits()
         params = kwargs.get("edgellm_params")
-        if isinstance(params, dict):  # an edgellm origin: its normalised request, held to our limits
+        metadata = kwargs.get("metadata") if isinstance(kwargs.get("metadata"), dict) else {}
+        if isinstance(params, dict):  # an edgellm origin: its normalised request
             try:
-                request = ChatRequest.from_params(params, kwargs.get("metadata") or {})
-            except ValueError as exc:
+                request = ChatRequest.from_params(params, metadata)
+            except Exception as exc:  # pydantic's ValueError, or a shape from_params does not expect
                 raise p.ProtocolError(f"the request does not validate: {exc}") from None
-            _within(request, limits)
             seed = kwargs.get("edgellm_seed")
-            return request, seed if isinstance(seed, int) and 0 <= seed < 2**64 else random.getrandbits(64)
-        # An upstream origin: its kwargs are a seed-endpoint body, validated as one.
-        request_body = {k: kwargs[k] for k in (*p.UPSTREAM_KWARGS, "metadata") if kwargs.get(k) is not None}
-        return parse_chat_request(request_body, **limits), random.getrandbits(64)
+            seed = seed if isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64 else None
+        else:  # an upstream origin: its kwargs are a seed-endpoint body, validated as one
+            request_body = {k: kwargs[k] for k in (*p.UPSTREAM_KWARGS, "metadata") if kwargs.get(k) is not None}
+            request, seed = parse_chat_request(request_body, **limits), None
+        _within(request, limits)
+        if request.model or request.has_media or request.raw_prompt or request.prompt_tokens is not None:
+            raise InvalidRequest("a delegated request must be a chat request for the default model, without media")
+        if request.guide is not None:
+            grammar_for(request.guide)  # a bad guide is this request's 400, not a failure mid-run
+        check_vocabulary(request, self.service.engine_info().get("n_vocab"))
+        return request, seed if seed is not None else random.getrandbits(64)
 
     def _send_results(self, now: float) -> None:
         self._parallel(
@@ -568,15 +633,20 @@ class Balancer:
             if rec.request_id in waiting or not d.get("confirmed"):
                 continue  # not written yet (this pass's outbox), or from a boot that never wrote it
             record = self._records.get(d.get("target_key"))
-            updated = float(record.get("updated_at") or 0.0) if isinstance(record, dict) else 0.0
+            if isinstance(record, dict):
+                updated = min(now, _finite(record.get("updated_at")))
+            else:  # absent (never read, or removed): gone only once it has been absent a stale time
+                updated = self._missing_since.setdefault(str(d.get("target_key")), now)
             stale = now - updated > self.config.peer_stale_s
-            expired = now - float(d.get("sent_at") or now) > self.config.request_ttl_s
+            # Past the request's own deadline (and a grace for its result's way back): no answer is coming.
+            deadline = rec.created_at + _finite(rec.params.get("timeout")) + RESULT_GRACE_S
+            expired = now > max(deadline, float(d.get("sent_at") or now) + RESULT_GRACE_S)
             if stale or expired:
                 log.warning(
                     "peer %s of delegated request %s is gone (%s)",
                     d.get("target_addr"),
                     rec.request_id,
-                    "its capacity record is stale" if stale else "no result within the request TTL",
+                    "its capacity record is stale" if stale else "no result by the request's deadline",
                 )
                 self._write(self.request_hkey, str(d.get("delegation_id")), None, to=d.get("target_addr"))
                 self._rerun(rec.request_id, str(d.get("target_addr")), may_have_run=True)
@@ -584,7 +654,10 @@ class Balancer:
         for rec in self.service.registry.delegated("origin", pending=True):
             d = rec.delegation or {}
             if not d.get("confirmed") and rec.request_id not in waiting and now - float(d.get("sent_at") or 0) > 30:
-                self._rerun(rec.request_id, str(d.get("target_addr")), may_have_run=False)
+                # "Not marked confirmed" is not "not sent" (a crash between the write and the mark):
+                # withdraw it there, and say it may have run there too.
+                self._write(self.request_hkey, str(d.get("delegation_id")), None, to=d.get("target_addr"))
+                self._rerun(rec.request_id, str(d.get("target_addr")), may_have_run=True)
 
     # -- what the Service asks -------------------------------------------------------------------------
     def result_fields(self, key: str) -> dict[str, Any]:
@@ -628,12 +701,27 @@ def _within(request: ChatRequest, limits: dict[str, Any]) -> None:
         )
     if len(request.messages) > limits["max_messages"]:
         raise InvalidRequest("too many messages for this node", param="messages")
+    if len(json.dumps(request.messages).encode()) > limits["max_prompt_bytes"]:
+        raise InvalidRequest("the prompt is over this node's size limit", param="messages")
+
+
+def _finite(value: Any) -> float:
+    """A peer's number as a float; 0.0 for anything else (a string, a bool, NaN, infinity, 10**400)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def _text(value: Any, limit: int = 200) -> str | None:
+    """A peer's identifier kept as a short string (stored, echoed): never a structure or a megabyte."""
+    return None if value is None else str(value)[:limit]
 
 
 def _expired(env: dict[str, Any], now: float) -> bool:
     """Past its expires_at (an envelope without a readable one never expires here: its TTL is the peer's)."""
-    try:
-        expires = float(env.get("expires_at") or 0.0)
-    except (TypeError, ValueError):
-        return False
+    expires = _finite(env.get("expires_at"))
     return 0.0 < expires < now

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -108,7 +109,7 @@ def decode_body(text: Any) -> dict[str, Any]:
         raw = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), MAX_BODY_BYTES + 1)
         if len(raw) > MAX_BODY_BYTES:
             raise ProtocolError("the envelope's body is over 64 MiB decompressed")
-        body = json.loads(raw.decode())
+        body = json.loads(raw.decode(), parse_constant=_no_constant)
     except ProtocolError:
         raise
     except (ValueError, zlib.error, UnicodeDecodeError, RecursionError) as exc:
@@ -116,6 +117,10 @@ def decode_body(text: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ProtocolError("the envelope's body is not an object")
     return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (a registry row must stay readable to SQLite's json functions)")
 
 
 def encoded_size(envelope: dict[str, Any]) -> int:
@@ -225,7 +230,7 @@ class Peer:
                 max_cstore_bytes=int(rec.get("max_cstore_bytes") or 0),
                 waiting=max(0, int(rec.get("waiting") or 0)),
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             return None
 
 
@@ -242,7 +247,7 @@ def eligible_peers(
         if rec.get("balancer_group") != group or rec.get("signature") != me.signature:
             continue
         peer = Peer.from_record(key, rec)
-        if peer is None or now - peer.updated_at > stale_s:
+        if peer is None or not math.isfinite(peer.updated_at) or now - min(peer.updated_at, now) > stale_s:
             continue
         if not rec.get("accepting_requests") and not (peer.edgellm and rec.get("edgellm_accepting") is True):
             continue

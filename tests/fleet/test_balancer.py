@@ -19,6 +19,8 @@ import zlib
 
 import pytest
 
+from edgellm.api.registry import RequestStatus
+from edgellm.errors import UnknownRequest
 from edgellm.fleet import protocol as p
 from edgellm.fleet.balancer import BadSignature, Balancer
 from tests.api.test_service import chat, make_service
@@ -225,7 +227,9 @@ async def test_past_the_pending_limit_a_request_runs_on_the_peer_and_its_result_
     assert result["TEXT_RESPONSE"] == ["from b"] and result["REQUEST_ID"] == key
     assert (result["EXECUTOR_NODE_ADDR"], result["DELEGATOR_NODE_ADDR"]) == (B, A)
     assert (await a.request_status(key, return_full=True))["delegation"]["target_addr"] == B
-    on_b = await b.request_status(delegation_id, return_full=True)
+    with pytest.raises(UnknownRequest):  # B's own callers cannot read (or delete) A's users' requests
+        await b.request_status(delegation_id, return_full=False)
+    on_b = await b.request_status(delegation_id, return_full=True, owner=f"fleet:{A}")
     assert on_b["status"] == "completed" and on_b["delegation"]["origin_request_id"] == key
     assert store.hgetall(a_bal.request_hkey) == {} and store.hgetall(a_bal.result_hkey) == {}  # cleaned up
     assert a_bal.state()["counts"] == {"delegated_out": 1, "results_received": 1}
@@ -330,6 +334,7 @@ async def _envelope_for_b(tmp_path, store):
         (lambda env: HmacSigner("0xai_c", set()).sign({**env, "origin_addr": "0xai_c"}), "not a known peer"),
         (lambda env: HmacSigner(A, set()).sign({**env, "balancer_group": "other"}), "balancing group"),
         (lambda env: HmacSigner(A, set()).sign({**env, "pad": "x" * 600_000}), "byte cap"),
+        (lambda env: HmacSigner(A, set()).sign({**env, "delegation_id": "other"}), "stored under"),
     ],
 )
 async def test_envelopes_that_are_unsigned_forged_foreign_or_too_large_are_refused(tmp_path, spoil, reason, caplog):
@@ -382,3 +387,37 @@ async def test_an_envelope_under_an_id_that_could_pass_for_a_local_key_is_refuse
     store.data[b_bal.request_hkey]["job@0123abcd"] = env
     await tick(b_bal)
     assert b_engine.submitted == [] and b_bal.counts["refused"] == 1
+
+
+async def test_records_and_results_from_strangers_or_the_wrong_peer_change_nothing(tmp_path):
+    store = MemoryStore()
+    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1)
+    # A stranger's record (not in A's whitelist), and a known peer's with numbers no JSON peer should send.
+    stranger = p.Capacity(8, 0, True, 64, 4096).record(
+        p.Member("0xai_x", "x", "pipe", "EDGELLM_INFERENCE_API", "i"), GROUP, 1e12, "v"
+    )
+    garbled = {**stranger, "ee_addr": B, "capacity_free": float("inf"), "updated_at": float("nan")}
+    store.data[a_bal.capacity_hkey] = {"0xai_x:pipe:EDGELLM_INFERENCE_API:i": stranger, "garbled": garbled}
+    await tick(a_bal)
+    await busy(a, a_engine, 4)
+    assert len(a_engine.submitted) == 4 and a_bal.counts["delegated_out"] == 0  # all stayed here
+
+    store = MemoryStore()
+    a, a_engine, a_bal, b, b_engine, b_bal, key = await one_delegated(tmp_path / "2", store)
+    (did,) = store.hgetall(a_bal.request_hkey)
+    fields = {"delegation_id": did, "origin_addr": A, "origin_instance_id": "inst", "status": "failed"}
+    forged = HmacSigner("0xai_node_c", set()).sign(
+        p.envelope({**fields, "target_addr": "0xai_node_c"}, p.RESULT_BODY, {"error": "x", "error_type": {"a": 1}})
+    )
+    store.data.setdefault(a_bal.result_hkey, {})[did] = forged  # known? no: and not the peer it was sent to
+    await tick(a_bal)
+    assert a.registry.get(key).status is RequestStatus.PENDING and a_bal.counts["refused"] == 1
+    # B's own failure, with an error_type that is not a string: stored as engine_error, A keeps serving.
+    bad = b_bal.signer.sign(
+        p.envelope({**fields, "target_addr": B}, p.RESULT_BODY, {"error": "boom", "error_type": [1]})
+    )
+    store.data[a_bal.result_hkey][did] = bad
+    await tick(a_bal)
+    status = await a.request_status(key, return_full=False)
+    assert (status["status"], status["error_type"]) == ("failed", "engine_error")
+    await a.submit(chat(), mode="async")  # not refused (an unstorable result would refuse all new work)
