@@ -650,7 +650,8 @@ class Balancer:
                 )
                 self._write(self.request_hkey, str(d.get("delegation_id")), None, to=d.get("target_addr"))
                 self._rerun(rec.request_id, str(d.get("target_addr")), may_have_run=True)
-        # A row of an earlier boot that was marked but never written: it runs here, nothing was sent.
+        # A row marked but never confirmed (a crash between its mark and its write, or between the write and
+        # the confirmation mark) for more than 30 s: it runs here.
         for rec in self.service.registry.delegated("origin", pending=True):
             d = rec.delegation or {}
             if not d.get("confirmed") and rec.request_id not in waiting and now - float(d.get("sent_at") or 0) > 30:
