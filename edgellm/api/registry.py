@@ -110,7 +110,8 @@ class RequestRecord:
     finished_at: float | None
     expires_at: float | None
     owner: str | None = None
-    delegation: dict[str, Any] | None = None  # fleet/balancer.py: {"role": "origin" | "executor" | "rerun", ...}
+    # fleet/balancer.py: {"role": "origin" | "executor" | "rerun" | "failed", ...}
+    delegation: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RequestRecord:

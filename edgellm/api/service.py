@@ -242,7 +242,14 @@ class Service:
         guide can take a few hundred ms, so it runs off the event loop.
         """
         if request.guide is not None:
-            await asyncio.to_thread(grammar_for, request.guide)
+            await asyncio.to_thread(self.check_engine_limits_now, request)
+        else:
+            self.check_engine_limits_now(request)
+
+    def check_engine_limits_now(self, request: ChatRequest) -> None:
+        """check_engine_limits, blocking (a thread's caller: a peer's delegated request, fleet/balancer.py)."""
+        if request.guide is not None:
+            grammar_for(request.guide)
         check_vocabulary(request, self.engine_info(request.model).get("n_vocab"))
 
     def named_model(self, body: Any) -> str | None:

@@ -201,6 +201,12 @@ def _merge_extras(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, **extras}
 
 
+def normalized_messages(value: Any, *, max_messages: int, max_prompt_bytes: int) -> list[dict[str, Any]]:
+    """The messages rule of a request body (count, roles, tool turns, lone surrogates, prompt bytes as
+    summed UTF-8 content), for messages that do not come in a body: a peer's delegated request."""
+    return _messages(value, max_messages, max_prompt_bytes)
+
+
 def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict[str, Any]]:
     if value is None:
         raise InvalidRequest("messages is required", param="messages")

@@ -1,24 +1,27 @@
 """Request balancing between nodes of one group, on ChainStore, with upstream's protocol (fleet/protocol.py).
 
 One Balancer per API instance in a group. It is the Service's `delegator`: when the local queue is past
-its pending limit, `delegate()` hands a registered request to the peer with the most free capacity (its
+its pending limit, `delegate()` hands a registered request to the known peer where it waits least (its
 row in the registry says so, durably). Its own thread does all ChainStore I/O (a write blocks until a
-peer confirms it, or for the whole timeout against a dead one), once per poll period:
-  1. publish this instance's capacity (upstream's publish policy) and read the group's records;
-  2. write the envelopes of requests just delegated (a write not confirmed: the request runs here);
-  3. read the result mailbox: each result for a request of ours is stored and answered as if our engine
-     had produced it (a sync caller waiting here gets it; request_status shows it);
+peer confirms it, or for the whole timeout against a dead one), once per poll period, each step on its own:
+  1. publish this instance's capacity (upstream's publish policy) and read the group's records, keeping
+     the peers this node knows;
+  2. write the envelopes of requests just delegated, several at once (a write not confirmed: the request
+     runs here);
+  3. read the result mailbox: each result for a request of ours, from the peer it went to, is stored and
+     answered as if our engine had produced it (a sync caller waiting here gets it; request_status shows it);
   4. read the request mailbox: each envelope addressed to us, from a signed, known sender of our group,
-     is registered (idempotent by delegation id: a replay never runs twice) and run as an async request;
+     is checked as a local request is, registered (idempotent by delegation id: a replay never runs twice)
+     and run as an async request;
   5. send the results of finished delegated-in requests to their origin;
-  6. a delegated request whose peer's capacity record went stale (the peer is gone) runs here, and its
-     result says so (`delegation.rerun_locally`, `may_have_run_on_peer`), or fails (`on_peer_lost: fail`).
+  6. a delegated request whose peer's capacity record went stale (the peer is gone), or that has no result
+     by its deadline, runs here, and its result says so (`delegation.rerun_locally`, `may_have_run_on_peer`),
+     or fails (`on_peer_lost: fail`).
 Nothing here imports naeural_core: the plugin passes a ChainStore and a Signer over its own API.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -35,9 +38,7 @@ from edgellm import __version__
 from edgellm.api.chat_request import ChatRequest
 from edgellm.api.registry import RequestStatus
 from edgellm.api.request_state import public_id
-from edgellm.api.submission import check_vocabulary
-from edgellm.api.validation import parse_chat_request
-from edgellm.engine.guide_llguidance import grammar_for
+from edgellm.api.validation import normalized_messages, parse_chat_request
 from edgellm.errors import EdgeLLMError, ErrorType, InvalidRequest
 from edgellm.fleet import protocol as p
 
@@ -163,7 +164,7 @@ class Balancer:
                     log.exception("request balancing step %s failed", step.__name__)
 
     def _read_capacity(self, now: float) -> None:
-        records = self._read(self.capacity_hkey, keep=None)
+        records = self._read(self.capacity_hkey)
         if records is None:  # unreadable now: the last records stand (no peer is judged gone on a read error)
             return
         # Only a peer this node knows gets its users' prompts: any signed node can write a record.
@@ -180,14 +181,14 @@ class Balancer:
     def _trusts(self, addr: str) -> bool:
         return bool(addr) and (addr in self.config.allowed_peers or self.signer.known(addr))
 
-    def _read(self, hkey: str, keep: Any = ...) -> Any:
-        """The hash's entries ({} on a read error, or `keep` when given)."""
+    def _read(self, hkey: str) -> dict[str, Any] | None:
+        """The hash's entries; None when it could not be read."""
         try:
             got = self.store.hgetall(hkey)
         except Exception as exc:
             log.warning("reading %s failed: %r", hkey, exc)
-            return {} if keep is ... else keep
-        return got if isinstance(got, dict) else ({} if keep is ... else keep)
+            return None
+        return got if isinstance(got, dict) else None
 
     def _write(self, hkey: str, key: str, value: Any, *, to: Any = None) -> bool:
         to = None if to is None else str(to)  # an address from a peer's envelope may be anything
@@ -298,10 +299,11 @@ class Balancer:
         self, delegation_id: str, key: str, request: ChatRequest, seed: int, mode: str, peer: p.Peer
     ) -> dict[str, Any]:
         now = time.time()
-        kwargs = {k: v for k, v in request.params_dict().items() if k in p.UPSTREAM_KWARGS}
+        params = request.params_dict()
+        kwargs = {k: v for k, v in params.items() if k in p.UPSTREAM_KWARGS}
         kwargs["metadata"] = request.metadata
         # Ours: the whole normalised request and its seed, which an edgellm executor runs exactly.
-        kwargs["edgellm_params"] = request.params_dict()
+        kwargs["edgellm_params"] = params
         kwargs["edgellm_seed"] = seed
         fields_ = {
             "delegation_id": delegation_id,
@@ -385,7 +387,7 @@ class Balancer:
 
     # -- results for our requests (origin) -------------------------------------------------------------
     def _take_results(self, now: float) -> None:
-        for delegation_id, env in self._read(self.result_hkey).items():
+        for delegation_id, env in (self._read(self.result_hkey) or {}).items():
             if not isinstance(env, dict) or env.get("origin_addr") != self.member.addr:
                 continue
             if env.get("origin_instance_id") not in (None, "", self.member.instance_id):
@@ -438,7 +440,7 @@ class Balancer:
 
     # -- requests from peers (executor) ----------------------------------------------------------------
     def _take_requests(self, now: float) -> None:
-        mailbox = self._read(self.request_hkey)
+        mailbox = self._read(self.request_hkey) or {}
         self._seen &= set(mailbox)  # what left the mailbox cannot come back under its id: forget it
         room = self.capacity().queue_free
         for delegation_id, env in mailbox.items():
@@ -554,9 +556,7 @@ class Balancer:
         _within(request, limits)
         if request.model or request.has_media or request.raw_prompt or request.prompt_tokens is not None:
             raise InvalidRequest("a delegated request must be a chat request for the default model, without media")
-        if request.guide is not None:
-            grammar_for(request.guide)  # a bad guide is this request's 400, not a failure mid-run
-        check_vocabulary(request, self.service.engine_info().get("n_vocab"))
+        self.service.check_engine_limits_now(request)  # a bad guide is this request's 400, not a failure mid-run
         return request, seed if seed is not None else random.getrandbits(64)
 
     def _send_results(self, now: float) -> None:
@@ -700,10 +700,9 @@ def _within(request: ChatRequest, limits: dict[str, Any]) -> None:
         raise InvalidRequest(
             f"timeout {request.timeout} is over this node's {limits['max_timeout']:g} s", param="timeout"
         )
-    if len(request.messages) > limits["max_messages"]:
-        raise InvalidRequest("too many messages for this node", param="messages")
-    if len(json.dumps(request.messages).encode()) > limits["max_prompt_bytes"]:
-        raise InvalidRequest("the prompt is over this node's size limit", param="messages")
+    normalized_messages(
+        request.messages, max_messages=limits["max_messages"], max_prompt_bytes=limits["max_prompt_bytes"]
+    )
 
 
 def _finite(value: Any) -> float:

@@ -421,3 +421,19 @@ async def test_records_and_results_from_strangers_or_the_wrong_peer_change_nothi
     status = await a.request_status(key, return_full=False)
     assert (status["status"], status["error_type"]) == ("failed", "engine_error")
     await a.submit(chat(), mode="async")  # not refused (an unstorable result would refuse all new work)
+
+
+async def test_a_delegated_prompt_is_held_to_the_local_messages_rule(tmp_path):
+    """The executor checks a peer's messages with the rule of its own bodies: a lone surrogate (which the
+    tokenizer cannot take) is this request's failure, sent back to its origin, not the engine's."""
+    store = MemoryStore()
+    b, b_engine, b_bal, did, env = await _envelope_for_b(tmp_path, store)
+    body = p.decode_body(env[p.REQUEST_BODY])
+    body["endpoint_kwargs"]["edgellm_params"]["messages"] = [{"role": "user", "content": "half \ud83d an emoji"}]
+    escaped = json.dumps(body).encode()  # a peer's JSON may carry it escaped ("\\ud83d"): valid UTF-8
+    spoiled = HmacSigner(A, set()).sign({**env, p.REQUEST_BODY: base64.b64encode(zlib.compress(escaped)).decode()})
+    store.data[b_bal.request_hkey][did] = spoiled
+    await tick(b_bal)
+    assert b_engine.submitted == []
+    sent = store.hgetall(b_bal.result_hkey)[did]
+    assert sent["status"] == "failed" and "lone surrogate" in p.decode_body(sent[p.RESULT_BODY])["error"]
