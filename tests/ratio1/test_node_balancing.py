@@ -24,6 +24,7 @@ import pytest
 from edgellm.ratio1.launcher import free_port
 from tests.nodeproc import wait_until
 from tests.ratio1.fleet import fleet
+from tests.ratio1.test_node_integration import node_python
 
 GROUP = "edgellm-ci-fleet"
 BALANCING = {
@@ -50,9 +51,7 @@ def pipeline(port: int) -> dict:
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
-    python = os.environ.get("EDGELLM_RATIO1_PYTHON")
-    if not python:
-        pytest.fail("EDGELLM_RATIO1_PYTHON is not set: run `make ratio1-setup` (or `make test`, which sets it)")
+    python = node_python()
     ports = [free_port(), free_port()]
     with fleet(python, tmp_path_factory.mktemp("balancing"), [[pipeline(port)] for port in ports]) as (a, b):
         for node in (a, b):

@@ -11,7 +11,6 @@ test fails, never skips. Marked slow by tests/conftest.py (tests/ratio1/).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from edgellm.ratio1.launcher import Ratio1Node
 from tests.ratio1.fleet import fleet
+from tests.ratio1.test_node_integration import node_python
 
 PROBE_PIPELINE = {
     "NAME": "edgellm_test_chainstore",
@@ -27,16 +27,6 @@ PROBE_PIPELINE = {
 }
 START_TIMEOUT_S = 240  # the node's own start (imports, admin pipeline) until the probe reports
 SYNC_TIMEOUT_S = 30  # from both probes reporting until each sees the other's record
-
-
-def node_python() -> str:
-    python = os.environ.get("EDGELLM_RATIO1_PYTHON")
-    if not python:
-        pytest.fail(
-            "EDGELLM_RATIO1_PYTHON is not set: run `make ratio1-setup` (builds the Ratio1 node venv and installs "
-            "mosquitto), then export EDGELLM_RATIO1_PYTHON=$(tools/ratio1_venv.sh)/bin/python -- `make test` does both"
-        )
-    return python
 
 
 def probe_state(node: Ratio1Node) -> dict | None:

@@ -208,15 +208,21 @@ def node_plugins(workdir: Path) -> None:
     (workdir / "config_updates").mkdir()
 
 
-@pytest.fixture(scope="module")
-def ratio1_node(tmp_path_factory) -> Ratio1Node:
-    """One real offline node for the module; stopped (SIGINT to its process group) at the end."""
+def node_python() -> str:
+    """The node venv's interpreter; the test fails (never skips) without it: CI must run the node tests."""
     python = os.environ.get("EDGELLM_RATIO1_PYTHON")
     if not python:
         pytest.fail(
             "EDGELLM_RATIO1_PYTHON is not set: run `make ratio1-setup` (builds the Ratio1 node venv and installs "
             "mosquitto), then export EDGELLM_RATIO1_PYTHON=$(tools/ratio1_venv.sh)/bin/python -- `make test` does both"
         )
+    return python
+
+
+@pytest.fixture(scope="module")
+def ratio1_node(tmp_path_factory) -> Ratio1Node:
+    """One real offline node for the module; stopped (SIGINT to its process group) at the end."""
+    python = node_python()
     workdir = tmp_path_factory.mktemp("ratio1-node")
     broken = workdir / "not-a-model.gguf"
     broken.write_bytes(b"this is not a GGUF file\n" * 64)
