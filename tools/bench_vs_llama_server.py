@@ -9,8 +9,9 @@ engine's flags (tools/llama_server_build.sh), or taken from --llama-server PATH.
 
 Both servers are started first (one at a time, the other paused, for the "ready after start"
 time: process start to the first /health 200), then measured in turns A-B-A (edgellm,
-llama-server, edgellm): the idle one is paused (SIGSTOP on its process group, SIGCONT before its
-turn), so the two never share the cores. Each turn runs:
+llama-server, edgellm; `--turns 5` or 7 go on alternating, for a machine whose speed drifts, and
+each llama-server turn is also compared with the edgellm turns either side of it): the idle one
+is paused (SIGSTOP on its process group, SIGCONT before its turn), so the two never share the cores. Each turn runs:
   plain chat at 1 and 8 concurrent clients: tok/s = completion tokens (usage) / wall time
   schema-guided JSON (response_format json_schema) at 1 and 8 clients: valid objects per minute
     (parsed and validated against the schema) and how many were valid
@@ -18,7 +19,7 @@ and samples the RSS of the server's process tree. Then, with both servers stoppe
 `llama-batched-bench -npp 128 -ntg 128 -npl 8` gives the text-generation limit of 8 sequences on
 this machine (S_TG), the ceiling for plain c8.
 
-    .venv/bin/python tools/bench_vs_llama_server.py [--requests 32] [--quick] [--out results.json]
+    .venv/bin/python tools/bench_vs_llama_server.py [--requests 32] [--turns 3] [--quick] [--out results.json]
         [--edgellm-env EDGELLM_SPECULATIVE_DECODING=false] [--llama-server PATH] [--llama-server-arg ARG]
 
 Run it on a quiet machine (on a shared one: flock /tmp/edgellm-cpu.lock ...).
@@ -470,9 +471,20 @@ def report(results: dict, bench: dict | None) -> str:
     }
     out = "\n".join(lines)
     out += (
-        "\n\nedgellm: mean of its two turns (each in parentheses); ratio = edgellm / llama-server. "
+        "\n\nEach server: the mean of its turns (each in parentheses); ratio = edgellm / llama-server. "
         f"Failed requests: edgellm {failed['edgellm']}, llama-server {failed['llama-server']}."
     )
+    # Each llama-server turn against the mean of the edgellm turns on either side of it: a machine whose
+    # speed drifts over minutes moves both sides of a bracket alike, so these ratios are steadier.
+    for key in ("plain_c1", f"plain_c{SLOTS}"):
+        brackets = [
+            mean([e_turns[k][key]["tok_s"], e_turns[k + 1][key]["tok_s"]]) / l_turns[k][key]["tok_s"]
+            for k in range(len(l_turns))
+            if l_turns[k][key]["tok_s"]
+        ]
+        if brackets:
+            each = " / ".join(f"{b:.2f}" for b in brackets)
+            out += f"\n{key} bracket ratios: {each} (median {statistics.median(brackets):.2f})"
     if bench:
         e8 = mean([t[f"plain_c{SLOTS}"]["tok_s"] for t in e_turns])
         l8 = mean([t[f"plain_c{SLOTS}"]["tok_s"] for t in l_turns])
@@ -500,9 +512,17 @@ def main() -> int:
         metavar="KEY=VAL",
         help="extra environment for edgellm serve (e.g. EDGELLM_SPECULATIVE_DECODING=false)",
     )
+    ap.add_argument(
+        "--turns",
+        type=int,
+        default=3,
+        help="turns in all, alternating and starting and ending with edgellm (odd, >= 3; noisy machines: 5-7)",
+    )
     ap.add_argument("--no-batched-bench", action="store_true")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    if args.turns < 3 or args.turns % 2 == 0:
+        ap.error("--turns must be odd and at least 3 (edgellm, llama-server, edgellm, ...)")
     n_c8 = 8 if args.quick else args.requests
     n_c1 = 2 if args.quick else max(1, args.requests // 2)
     model = str(Path(args.model or bundled_model_path() or "").resolve())
@@ -524,7 +544,8 @@ def main() -> int:
     server_bin, bench_bin, build_info = llama_binaries(args)
     print(
         f"model {Path(model).name}; {THREADS} threads, {SLOTS} slots, n_ctx {N_CTX}; {args.max_tokens} max tokens, "
-        f"temperature {TEMPERATURE}; {n_c1} requests at c1, {n_c8} at c{SLOTS}; turns edgellm, llama-server, edgellm",
+        f"temperature {TEMPERATURE}; {n_c1} requests at c1, {n_c8} at c{SLOTS}; "
+        f"{args.turns} turns alternating edgellm, llama-server, ..., edgellm",
         flush=True,
     )
     results: dict = {
@@ -567,7 +588,8 @@ def main() -> int:
                 print(f"{server.name} ready {server.ready_s:.2f} s after start ({server.base})", flush=True)
                 server.pause()
             turns: dict[str, list[dict]] = {"edgellm": [], "llama-server": []}
-            for k, server in enumerate((edgellm, llama, edgellm), 1):
+            for k in range(1, args.turns + 1):
+                server = edgellm if k % 2 else llama
                 print(f"turn {k}: {server.name}", flush=True)
                 turns[server.name].append(run_turn(server, n_c1, n_c8, args.max_tokens))
             workers = {h.get("result", {}).get("engine", {}).get("worker_pid") for h in edgellm.health}

@@ -54,6 +54,13 @@ class EngineCore:
         self.warmup_ms = 0.0
         self.self_test: dict | None = None
         self.energy: Callable[[], float] | None = None  # see set_energy
+        self.wake: Callable[[], None] | None = None  # see set_wake
+
+    def set_wake(self, wake: Callable[[], None] | None) -> None:
+        """Call `wake()` (from a prepare thread) whenever a request's preparation ends, so that a loop
+        sleeping on something else (the worker's pipe) starts it at once. None: no calls."""
+        self.wake = wake
+        self.scheduler.set_wake(wake)
 
     def set_energy(self, joules: Callable[[], float] | None) -> None:
         """The board's cumulative joules (runtime/energy.EnergyMeter.joules): from now on each request's
@@ -121,6 +128,7 @@ class EngineCore:
         self.scheduler = self._new_scheduler()
         self.scheduler.decode_cost = cost
         self.scheduler.energy = self.energy
+        self.scheduler.set_wake(self.wake)
 
     # -- requests ----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> EngineOutput | None:

@@ -7,7 +7,8 @@ the slot: the scheduler hands a sample group the live slots it asks about.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from edgellm.engine.guide_llguidance import Guide
@@ -38,3 +39,26 @@ class PreparedRequest:
     @property
     def ready(self) -> bool:
         return self.future.done()
+
+
+class PrepareExecutor(ThreadPoolExecutor):
+    """The prepare pool, telling `wake()` (when set) each time a job ends.
+
+    The engine worker sleeps on its pipe while the only work left is being prepared; with `wake` it
+    is woken the moment a prompt is ready instead of at its next poll (which cost up to 5 ms of
+    every request's time to first token). `wake` runs on the pool's thread: it must be quick.
+    """
+
+    def __init__(self, max_workers: int, thread_name_prefix: str):
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self.wake: Callable[[], None] | None = None
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:  # type: ignore[override]
+        future = super().submit(fn, *args, **kwargs)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _future: Future) -> None:
+        wake = self.wake
+        if wake is not None:
+            wake()

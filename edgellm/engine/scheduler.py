@@ -12,7 +12,6 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 
 import numpy as np
@@ -24,6 +23,7 @@ from edgellm.engine.draft_model import DraftAsk, DraftModel
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.prefix_store import PrefixStore
+from edgellm.engine.prepared import PrepareExecutor
 from edgellm.engine.projector import MediaCollector, Projector
 from edgellm.engine.samples import SampleGroup
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
@@ -63,7 +63,7 @@ class Scheduler:
         # Prompt rendering/tokenizing and grammar compiles run off the step loop (llama_tokenize and
         # LLMatcher construction release the GIL). Two threads: one slow grammar does not hold up
         # every other request's preparation.
-        self._preparer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
+        self._preparer = PrepareExecutor(max_workers=2, thread_name_prefix="prepare")
         self._aborted: set[str] = set()
         self.groups: list[SampleGroup] = []  # n > 1 requests with samples still to finish
         self.stats = StepStats()
@@ -183,6 +183,10 @@ class Scheduler:
         if any(s.state is not SlotState.IDLE for s in self.slots) or any(g.unstarted for g in self.groups):
             return True
         return any(p.ready for p in self.waiting) or self.tasks.ready()
+
+    def set_wake(self, wake: Callable[[], None] | None) -> None:
+        """Call `wake()` (from a prepare thread) whenever a preparation ends: see PrepareExecutor."""
+        self._preparer.wake = wake
 
     def wait_prepared(self, timeout_s: float) -> None:
         """Block up to timeout_s for the oldest request in preparation (the idle worker's sleep)."""

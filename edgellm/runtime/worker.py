@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for
 
 from edgellm.engine import test_hooks
 from edgellm.engine.core import EngineCore
@@ -94,13 +95,38 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
 
 def _serve(core: EngineCore, conn: Connection, parent: int) -> None:
     """Drain the pipe, step the core; until Shutdown, the pipe's end or the parent's death."""
+    # Sleep on the pipe and on a wake-up pipe while there is nothing to decode: the prepare threads
+    # write to it when a prompt (a big template, a grammar compile) is ready, so a request starts
+    # then, not at the next poll. The timeouts only bound a missed wake-up.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+
+    def wake() -> None:
+        try:
+            os.write(wake_w, b"w")
+        except BlockingIOError:  # the pipe is full of wake-ups already: one more adds nothing
+            pass
+
+    core.set_wake(wake)
+    try:
+        _loop(core, conn, parent, wake_r)
+    finally:
+        core.set_wake(None)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _loop(core: EngineCore, conn: Connection, parent: int, wake_r: int) -> None:
     while True:
-        # Sleep on the pipe while there is nothing to decode; requests still being prepared (a big
-        # template, a grammar compile) are checked every few ms instead of spinning a core.
-        timeout = 0.0 if core.can_step() else (0.005 if core.has_work() else 0.5)
-        while conn.poll(timeout):
+        if not core.can_step():
+            wait_for([conn, wake_r], 0.05 if core.has_work() else 0.5)
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+        while conn.poll(0.0):
             msg = conn.recv()
-            timeout = 0.0
             if isinstance(msg, Submit):
                 rejected = [out for r in msg.requests if (out := core.add(r)) is not None]
                 if rejected:
