@@ -6,7 +6,7 @@ import tempfile
 import pytest
 
 from edgellm.runtime.settings import bundled_model_path
-from tests.nodeproc import NodeProcess, stop_all
+from tests.nodeproc import STARTED, NodeProcess, live_nodes, stop_all
 
 # Runs that take the default state folder (`edgellm infer`, batch-run --local) keep their files, the
 # persistent prefix cache among them, in a folder of this test session, never in the user's ~/.local/state:
@@ -70,6 +70,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if any(part in item.nodeid for part in SLOW_FILES):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows the last lines of the logs of the nodes it started and of those still running
+    (a module's shared node): a request that timed out says nothing else about why, while a slow load, a
+    stuck model switch or a worker restart are all in the node's log."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for node in dict.fromkeys([*STARTED, *live_nodes()]):
+            report.sections.append((f"node log {node.log_path.name}, last lines", node.log()))
+    if call.when == "teardown":
+        STARTED.clear()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own session finish, which tears the fixtures down

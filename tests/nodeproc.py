@@ -27,6 +27,7 @@ from tests.process_hygiene import reap_group, release, spawn
 READY_TIMEOUT_S = 120.0  # model load and the engine's self-test on a slow 2-core machine, with margin
 
 _LIVE: set[NodeProcess] = set()
+STARTED: list[NodeProcess] = []  # the nodes the current test started (conftest attaches their logs to a failure)
 
 
 class NodeProcess:
@@ -69,6 +70,7 @@ class NodeProcess:
             )
         self._owner = os.getpid()
         _LIVE.add(self)
+        STARTED.append(self)
         if wait:
             self.wait_ready(timeout)
         return self
@@ -139,6 +141,11 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def live_nodes() -> list[NodeProcess]:
+    """The nodes this process started that have not been stopped."""
+    return list(_LIVE)
 
 
 def stop_all() -> None:

@@ -112,9 +112,10 @@ def _serve(core: EngineCore, conn: Connection, parent: int) -> None:
     try:
         _loop(core, conn, parent, wake_r)
     finally:
+        # The two fds stay open until the process ends (it does after core.close()): a prepare thread
+        # still finishing may call wake() once more, and a closed number could by then be a file that
+        # core.close() writes (a saved prefix).
         core.set_wake(None)
-        os.close(wake_r)
-        os.close(wake_w)
 
 
 def _loop(core: EngineCore, conn: Connection, parent: int, wake_r: int) -> None:
