@@ -212,6 +212,7 @@ def create_app(
                 requests=service.requests,  # its in-flight work is each request's Delivery in the one table
                 start_attempts=settings.engine_start_attempts,
                 start_backoff_s=settings.engine_start_backoff_s,
+                hang_timeout_s=settings.engine_hang_timeout_s,
                 on_start_attempt=on_start_attempt,
                 on_failed=on_failed,  # from the reader thread, when the restarts after a crash gave up
                 name=name,

@@ -236,6 +236,9 @@ class Settings(BaseSettings):
     # engine_start_backoff_s, then twice that...; after the last, `edgellm serve` exits non-zero.
     engine_start_attempts: int = Field(3, ge=1, le=20)
     engine_start_backoff_s: float = Field(1.0, ge=0, le=60)
+    # A READY worker that answers no ping for this long is killed and restarted (its requests are sent
+    # again); time in which the node itself was stopped does not count.
+    engine_hang_timeout_s: float = Field(60.0, ge=1, le=3600)
     force_gpu_failure: bool = False  # test hook: make the GPU load fail to exercise the CPU fallback
     force_gpu_context_failure: bool = False  # test hook: make the GPU context creation fail (same fallback)
     # test hooks: a pretend GPU that holds only this many KV cells (the shrink ladder, engine/model.py), and

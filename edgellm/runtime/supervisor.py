@@ -492,7 +492,16 @@ class WorkerEngine:
             log.exception("output handler failed for %d output(s)", len(outs))
 
     def _monitor(self) -> None:
+        woke = time.monotonic()
         while not self._stopping.wait(self.ping_interval_s):
+            now, slept = time.monotonic(), time.monotonic() - woke
+            woke = now
+            if slept > self.ping_interval_s + max(1.0, self.ping_interval_s):
+                # This process did not run for a while (SIGSTOP of the service's process group, a cgroup
+                # freeze, a paused VM, a debugger): nor did the worker, nor could its Pong be read. The
+                # monotonic clock ran on all the same, so the silence is counted from now: a stopped
+                # node that is continued must not kill the worker it stopped and lose its requests.
+                self._last_pong = max(self._last_pong, now)
             if self.state is not EngineState.READY:
                 continue
             if not self._send(ipc.Ping()):

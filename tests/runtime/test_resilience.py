@@ -107,3 +107,36 @@ def test_a_gpu_context_that_does_not_fit_shrinks_the_slots_before_falling_back_t
             assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
     finally:
         node.stop()
+
+
+def test_a_stopped_and_continued_node_keeps_its_worker_and_a_stopped_worker_alone_is_restarted(tmp_path):
+    """The hang watchdog counts silence only while the node itself runs: SIGSTOP of the whole process
+    group (a cgroup freeze, a paused VM) for longer than the hang timeout, then SIGCONT, keeps the
+    worker and its request (before: the monotonic clock ran on while stopped, and the first ping after
+    SIGCONT killed a healthy worker). A worker stopped alone is still found hung and restarted."""
+    node = NodeProcess(tmp_path, env={"EDGELLM_ENGINE_HANG_TIMEOUT_S": "3"}).start()
+    try:
+        with node.client() as c:
+            body = chat("Tell me a long story.", max_tokens=300, **LONG)
+            rid = c.post("/predict_async", json=body).json()["result"]["request_id"]
+            time.sleep(1.0)  # generating now
+            worker = node.worker_pid()
+            os.killpg(node.proc.pid, signal.SIGSTOP)  # the node and its worker: one process group
+            time.sleep(7.0)  # over twice the hang timeout
+            os.killpg(node.proc.pid, signal.SIGCONT)
+            done = poll(c, rid, timeout=180, return_full="true")
+            assert done["status"] == "completed" and done["attempts"] == 1, done
+            assert done["result"]["FULL_OUTPUT"][0]["usage"]["completion_tokens"] == 300
+            health = c.get("/health").json()["result"]["engine"]
+            assert health["restarts"] == 0 and health["worker_pid"] == worker, health
+
+            rid = c.post("/predict_async", json=body).json()["result"]["request_id"]
+            time.sleep(1.0)
+            os.kill(worker, signal.SIGSTOP)  # the worker alone: it is hung for the node
+            done = poll(c, rid, timeout=180, return_full="true")
+            assert done["status"] == "completed" and done["attempts"] == 2, done
+            health = c.get("/health").json()["result"]["engine"]
+            assert health["restarts"] == 1 and health["worker_pid"] != worker, health
+            assert "did not answer a ping for 3 s" in node.log_path.read_text(errors="replace")
+    finally:
+        node.stop()
