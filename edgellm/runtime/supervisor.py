@@ -494,8 +494,8 @@ class WorkerEngine:
     def _monitor(self) -> None:
         woke = time.monotonic()
         while not self._stopping.wait(self.ping_interval_s):
-            now, slept = time.monotonic(), time.monotonic() - woke
-            woke = now
+            now = time.monotonic()
+            slept, woke = now - woke, now
             if slept > self.ping_interval_s + max(1.0, self.ping_interval_s):
                 # This process did not run for a while (SIGSTOP of the service's process group, a cgroup
                 # freeze, a paused VM, a debugger): nor did the worker, nor could its Pong be read. The
