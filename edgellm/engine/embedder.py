@@ -28,21 +28,23 @@ log = logging.getLogger(__name__)
 # (llama.cpp's graph reservation asserts on a sequence count that does not divide the batch).
 MAX_SEQUENCES = 15
 PAD_SEQ = MAX_SEQUENCES  # the padding sequence's id: its tokens fill gaps, nothing reads its output
-# Where an input's KV cells sit relative to the attention kernel's tiles of TILE cells changes its vector
-# (measured on the CPU backend, llama.cpp 0.3.36: a 7-token text at cells 15-21 differs from the same text
-# at cells 0-6 by ~3e-2; at 9-15 or 16-22 by ~5e-7, float rounding). So each input is laid out as it would
-# be alone: one of TILE tokens or fewer inside one tile, a longer one from a tile's start. Flash attention
-# does not help: it switches kernels once a batch holds 64 cells, and differs by ~1e-2 across that line.
+# Where an input sits in the batch relative to tiles of TILE cells changes its vector: the CPU backend's
+# kernels block the batch's rows by 16, and a row's result depends on its place in the block. Measured,
+# llama.cpp 0.3.36: a 7-token text at cells 3-9 differs from the same text at cells 0-6 by ~1e-2 per
+# token (~4e-5 in the normalised vector) on an AVX2 EPYC, while at cells 1-7, 2-8 or 16-22 it is
+# bit-identical; another host measured ~3e-2 for cells 15-21. So every input starts on a tile boundary,
+# as it does alone (cell 0); the gap before it is filled by the padding sequence. Measured: bit-identical
+# rows alone and at cells 16/32/48/64 for texts of 1-15 tokens. Flash attention does not help: it
+# switches kernels once a batch holds 64 cells, and differs by ~1e-2 across that line.
 TILE = 16
 
 
 def layout(lengths: list[int]) -> list[int]:
-    """The first KV cell of each input, in order, by the rule above (a fresh cache fills cells in batch order)."""
+    """The first KV cell of each input, in order: the next tile boundary (a fresh cache fills cells in
+    batch order)."""
     starts, cursor = [], 0
     for n in lengths:
-        room = TILE - cursor % TILE
-        if (n <= TILE and n > room) or (n > TILE and cursor % TILE):
-            cursor += room
+        cursor = -(-cursor // TILE) * TILE
         starts.append(cursor)
         cursor += n
     return starts

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from edgellm.engine.draft import Acceptance
 from edgellm.engine.guide_llguidance import Guide
-from edgellm.engine.json_closing import JsonDepth, required_keys
+from edgellm.engine.json_closing import JsonDepth, TagFollower, required_keys
 from edgellm.engine.prepared import PreparedRequest, Prompt
 from edgellm.engine.projector import MediaSpan
 from edgellm.engine.thinking import ThinkState
@@ -90,7 +90,11 @@ class Slot:
         self.json: JsonDepth | None = None
         self.json_after: bytes | None = None
         self.json_reserve = 0
-        if hint is not None and self.request.guide is not None:
+        # A structural tag's structures sit in free text: each is followed from its `begin` to its end.
+        self.tag: TagFollower | None = None
+        if guide_kind is GuideKind.STRUCTURAL_TAG:
+            self.tag = TagFollower(self.request.guide.spec)
+        elif hint is not None and self.request.guide is not None:
             self.json = JsonDepth(list(hint.required))
             self.json_after = hint.after.encode() if hint.after else None
             self.json_reserve = hint.reserve
@@ -130,8 +134,29 @@ class Slot:
         self.data += piece
         if self.think is not None and not self.think.answered:
             self.think.feed(self.data)
-        if self.json is not None:
+        if self.tag is not None:
+            self._follow_tag()
+        elif self.json is not None:
             self._follow_json()
+
+    def _follow_tag(self) -> None:
+        """Free text until a structure begins; then its JSON until it closes; then free text again."""
+        if self.json_from is None:
+            found = self.tag.find(self.data)
+            if found is None:
+                return
+            self.json_from, structure = found
+            self.json_fed = self.json_from
+            self.json = JsonDepth(list(structure.required))
+            self.json_reserve = structure.end_tokens
+        self.json.feed(bytes(self.data[self.json_fed :]))
+        self.json_fed = len(self.data)
+        if self.json.closed_at is not None:  # the structure's JSON is whole: its `end` is the grammar's
+            self.tag.search_from = self.json_from + self.json.closed_at
+            self.json_from = None
+            self.json = None
+            if len(self.data) > self.tag.search_from:
+                self._follow_tag()  # the same piece may go on into free text that begins another
 
     def _follow_json(self) -> None:
         if self.json_from is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgellm.engine.guide_llguidance import GuideBackend
-from edgellm.engine.json_closing import STEER, closing_scores
+from edgellm.engine.json_closing import STEER, closing_scores, trigger_tokens
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, Sample, apply_penalties, sample_row
 from edgellm.engine.slot import Slot
@@ -38,6 +38,7 @@ class TokenStep:
         # Every slot's feed (sampled + forced tokens) must fit in one batch next step.
         self.max_feed = max(1, model.n_batch // n_slots)
         self._closing_scores: tuple[np.ndarray, np.ndarray] | None = None
+        self._trigger_tokens: dict[tuple[bytes, ...], np.ndarray] = {}  # by a structural tag's triggers
         self.close_json = True  # steer JSON to its end near max_tokens (tools/bench_json_closing.py turns it off)
 
     @property
@@ -47,6 +48,16 @@ class TokenStep:
             scores = closing_scores([self.model.piece(t) for t in range(self.model.n_vocab)])
             self._closing_scores = scores
         return self._closing_scores
+
+    def trigger_tokens(self, triggers: tuple[bytes, ...]) -> np.ndarray:
+        """The tokens that would begin a structure of a structural tag with these triggers (cached)."""
+        mask = self._trigger_tokens.get(triggers)
+        if mask is None:
+            if len(self._trigger_tokens) >= 16:  # a node serves few distinct tags; keep the cache small
+                self._trigger_tokens.clear()
+            mask = trigger_tokens([self.model.piece(t) for t in range(self.model.n_vocab)], triggers)
+            self._trigger_tokens[triggers] = mask
+        return mask
 
     def advance(self, slot: Slot, rows: list[np.ndarray], r: int) -> tuple[Finish | None, int]:
         """Pick the slot's next token(s) from its logits rows (bitmask row `r`); returns (why it ends or
@@ -89,6 +100,12 @@ class TokenStep:
                     if params.num_logprobs > 0:
                         unsteered = row.copy()  # logprobs stay the model's, not the steering's
                     row += STEER * (inside if slot.json.in_string else outside)
+            elif slot.tag is not None and self.close_json:
+                left = params.max_tokens - len(slot.generated)
+                if left <= slot.tag.entry_cost:  # too late to begin a structure and finish it: steer away
+                    if params.num_logprobs > 0:
+                        unsteered = row.copy()
+                    row[self.trigger_tokens(slot.tag.triggers)] -= STEER
         sample = sample_row(row, params, len(slot.generated), unsteered)
         self.stats.sample_s += time.perf_counter() - t0
         token = sample.token

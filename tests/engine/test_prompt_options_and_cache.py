@@ -136,8 +136,12 @@ def test_stop_causes_are_told_apart(engine):
     assert cut.finish_reason is FR.LENGTH and cut.stop_cause is None
 
 
-def test_structural_tag_free_text_then_the_structure(engine):
-    # The trigger is a word the model writes early in any story, so the structure is entered for sure.
+def test_structural_tag_free_text_then_the_structure_whole_at_any_budget(engine):
+    # The trigger is a word the model writes early in any story, so the structure is entered for sure;
+    # the budgets put max_tokens at eight different points of the text, so some fall inside a structure
+    # or just before one: the engine must close the one it is in (json_closing) and not begin one it
+    # cannot finish (TagFollower.entry_cost), never return a cut structure. Without the second rule,
+    # max_tokens 80 on an AVX2 EPYC began a second structure 6 tokens before the end and failed the request.
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 12}, "rain": {"type": "boolean"}},
@@ -145,22 +149,45 @@ def test_structural_tag_free_text_then_the_structure(engine):
         "additionalProperties": False,
     }
     spec = {"triggers": [" the"], "structures": [{"begin": " the weather: ", "schema": schema, "end": "."}]}
-    out = engine.one(
-        EngineRequest(
-            "stag",
-            [{"role": "user", "content": "Write a short story about a robot in the city."}],
-            SamplingParams(temperature=0.0, max_tokens=80),
-            GuideSpec(GuideKind.STRUCTURAL_TAG, spec),
-        )
+    messages = [{"role": "user", "content": "Write a short story about a robot in the city."}]
+    budgets = (12, 18, 24, 33, 47, 61, 80, 96)
+    outs = engine.run(
+        [
+            EngineRequest(
+                f"stag-{n}",
+                messages,
+                SamplingParams(temperature=0.0, max_tokens=n),
+                GuideSpec(GuideKind.STRUCTURAL_TAG, spec),
+            )
+            for n in budgets
+        ]
     )
-    assert out.error is None, out.error
-    assert " the weather: " in out.text
-    for part in out.text.split(" the weather: ")[1:]:
-        if "}." not in part:  # the last structure may be cut by max_tokens
-            assert out.finish_reason is FR.LENGTH
-            continue
-        body = part[: part.index("}.") + 1]
-        jsonschema.validate(json.loads(body), schema)
+    for n in budgets:
+        out = outs[f"stag-{n}"]
+        assert out.error is None, (n, out.error, out.text)
+        assert out.completion_tokens <= n
+        for part in out.text.split(" the weather: ")[1:]:
+            assert "}." in part, (n, out.text)  # every structure begun is whole
+            jsonschema.validate(json.loads(part[: part.index("}.") + 1]), schema)
+    # below the structure's entry cost (~25 tokens here) none is begun; above it the story's first line holds one
+    assert all(" the weather: " in outs[f"stag-{n}"].text for n in budgets if n >= 33)
+
+
+def test_a_structure_begins_only_where_the_budget_can_finish_it():
+    from edgellm.engine.json_closing import TagFollower, trigger_tokens
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    tag = TagFollower({"triggers": ["<f"], "structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}]})
+    assert 8 < tag.entry_cost < 20  # begin ~2 + {"a": 1} ~6 + slack 6 + end ~2
+    text = b'hi <f>{"a": 1}</f> then <f>{"a": '
+    assert tag.find(text) == (6, tag.structures[0])
+    tag.search_from = 14  # after the first structure's JSON
+    assert tag.find(text) == (len(b'hi <f>{"a": 1}</f> then <f>'), tag.structures[0])
+    assert tag.find(b"no structure here") is None and tag.search_from > 14
+    assert TagFollower('{"triggers": ["x"], "structures": []}').entry_cost == 0  # the escaped-string form
+    # a piece that writes the trigger, or ends with its start, begins a structure
+    pieces = [b"a", b" <", b"<f", b"x<f>", b"f", b"<", b"<g"]
+    assert list(trigger_tokens(pieces, (b"<f",))) == [False, True, True, True, False, True, False]
 
 
 def test_a_timeout_counts_from_when_the_engine_queues_the_request(engine):
