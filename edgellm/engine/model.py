@@ -222,7 +222,6 @@ class Vocabulary:
     def _init_vocab(self) -> None:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
 
     def meta(self, key: str) -> str | None:
@@ -283,11 +282,16 @@ class Vocabulary:
         return list(arr[:n])
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
-        """The raw bytes of one token (cached; control tokens are empty unless special=True)."""
+        """The raw bytes of one token (cached; control tokens are empty unless special=True).
+
+        Thread-safe: the prepare threads call it (a prompt's tail, a structural tag's trigger mask) while
+        the step loop does. So each call that misses the cache has a buffer of its own: ctypes releases
+        the GIL around llama_token_to_piece, and one shared buffer could hand a token another's bytes."""
         if not special and token in self._pieces:
             return self._pieces[token]
-        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        out = bytes(self._piece_buf.raw[:n]) if n > 0 else b""
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        out = bytes(buf.raw[:n]) if n > 0 else b""
         if not special:
             self._pieces[token] = out
         return out
