@@ -18,7 +18,7 @@ from typing import Any
 
 from edgellm.engine.chat_format import CallSyntax
 from edgellm.engine.guide_llguidance import JSON_OPTIONS
-from edgellm.engine.json_closing import required_keys
+from edgellm.engine.json_closing import literal_tokens, required_keys
 from edgellm.engine.types import GuideKind, GuideSpec, StructureHint
 
 
@@ -64,7 +64,7 @@ def tool_guide(
     # tag, the block's close), and the required keys of the costliest tool. Those are reserved whole,
     # not struck off as they appear (json_closing's way): with parallel calls each call writes them again.
     required = max(sum(n for _, n in required_keys(t["function"]["parameters"])) for t in tools)
-    reserve = (len(syntax.end) + len(syntax.close)) // 3 + 2 + required
+    reserve = literal_tokens(syntax.end + syntax.close) + 1 + required
     return GuideSpec(GuideKind.EBNF, lark), StructureHint(after, (), reserve)
 
 

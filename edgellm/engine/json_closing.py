@@ -130,9 +130,26 @@ class JsonDepth:
         return self.depth + int(self.in_string) + sum(n for _, n in self._required) + SLACK_TOKENS
 
 
-def _token_estimate(text: bytes) -> int:
-    """A generous count of the tokens a literal takes (BPE merges ~3-4 bytes of English a token)."""
+def literal_tokens(text: str | bytes) -> int:
+    """A generous count of the tokens a literal the grammar writes takes (BPE merges ~3-4 bytes of
+    English a token)."""
     return len(text) // 3 + 1
+
+
+def tag_spec(spec: object) -> dict:
+    """A structural tag's spec as a dict (the engine may get the escaped-string form); {} if it is neither."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def tag_triggers(spec: object) -> tuple[bytes, ...]:
+    """A structural tag's triggers, as the bytes the generated text is matched against."""
+    triggers = tag_spec(spec).get("triggers") or []
+    return tuple(t.encode("utf-8", "surrogatepass") for t in triggers if isinstance(t, str) and t)
 
 
 @dataclass(frozen=True)
@@ -147,20 +164,13 @@ class TagFollower:
     a JSON object, `end`). Fed the whole generated text each time; searches only what is new."""
 
     def __init__(self, spec: object) -> None:
-        if isinstance(spec, str):
-            try:
-                spec = json.loads(spec)
-            except ValueError:
-                spec = {}
-        spec = spec if isinstance(spec, dict) else {}
-        self.triggers = tuple(
-            t.encode("utf-8", "surrogatepass") for t in spec.get("triggers") or [] if isinstance(t, str) and t
-        )
+        self.triggers = tag_triggers(spec)
+        spec = tag_spec(spec)
         self.structures = [
             TagStructure(
                 st["begin"].encode("utf-8", "surrogatepass"),
                 tuple(required_keys(st.get("schema"))),
-                _token_estimate(str(st.get("end", "")).encode("utf-8", "surrogatepass")),
+                literal_tokens(str(st.get("end", "")).encode("utf-8", "surrogatepass")),
             )
             for st in spec.get("structures") or []
             if isinstance(st, dict) and isinstance(st.get("begin"), str) and st["begin"]
@@ -171,7 +181,7 @@ class TagFollower:
         # allows: the budget a structure must still have to be begun.
         self.entry_cost = min(
             (
-                _token_estimate(st.begin) + JsonDepth(list(st.required)).tokens_to_close() + st.end_tokens
+                literal_tokens(st.begin) + JsonDepth(list(st.required)).tokens_to_close() + st.end_tokens
                 for st in self.structures
             ),
             default=0,

@@ -6,6 +6,7 @@ the next token(s) is one unit: speculative decoding verifies its drafts through 
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -38,26 +39,25 @@ class TokenStep:
         # Every slot's feed (sampled + forced tokens) must fit in one batch next step.
         self.max_feed = max(1, model.n_batch // n_slots)
         self._closing_scores: tuple[np.ndarray, np.ndarray] | None = None
-        self._trigger_tokens: dict[tuple[bytes, ...], np.ndarray] = {}  # by a structural tag's triggers
+        # By a structural tag's triggers; a node serves few distinct tags. Thread-safe: the scheduler's
+        # prepare threads fill it (Scheduler._prepare), so the step that first needs a mask does not
+        # stall every slot for the ~0.1-0.3 s a 49k-token scan takes.
+        self.trigger_tokens = functools.lru_cache(maxsize=16)(self._trigger_tokens)
         self.close_json = True  # steer JSON to its end near max_tokens (tools/bench_json_closing.py turns it off)
 
     @property
     def closing_scores(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-token closing preference (engine/json_closing.py), computed on first use."""
         if self._closing_scores is None:
-            scores = closing_scores([self.model.piece(t) for t in range(self.model.n_vocab)])
-            self._closing_scores = scores
+            self._closing_scores = closing_scores(self._vocab_pieces())
         return self._closing_scores
 
-    def trigger_tokens(self, triggers: tuple[bytes, ...]) -> np.ndarray:
-        """The tokens that would begin a structure of a structural tag with these triggers (cached)."""
-        mask = self._trigger_tokens.get(triggers)
-        if mask is None:
-            if len(self._trigger_tokens) >= 16:  # a node serves few distinct tags; keep the cache small
-                self._trigger_tokens.clear()
-            mask = trigger_tokens([self.model.piece(t) for t in range(self.model.n_vocab)], triggers)
-            self._trigger_tokens[triggers] = mask
-        return mask
+    def _trigger_tokens(self, triggers: tuple[bytes, ...]) -> np.ndarray:
+        """The tokens that would begin a structure of a structural tag with these triggers."""
+        return trigger_tokens(self._vocab_pieces(), triggers)
+
+    def _vocab_pieces(self) -> list[bytes]:
+        return [self.model.piece(t) for t in range(self.model.n_vocab)]
 
     def advance(self, slot: Slot, rows: list[np.ndarray], r: int) -> tuple[Finish | None, int]:
         """Pick the slot's next token(s) from its logits rows (bitmask row `r`); returns (why it ends or

@@ -169,6 +169,13 @@ def test_structural_tag_free_text_then_the_structure_whole_at_any_budget(engine)
         for part in out.text.split(" the weather: ")[1:]:
             assert "}." in part, (n, out.text)  # every structure begun is whole
             jsonschema.validate(json.loads(part[: part.index("}.") + 1]), schema)
+    # The trigger mask was made once, while the requests were prepared: this lookup finds it.
+    from edgellm.engine.json_closing import tag_triggers
+
+    masks = engine.scheduler.token_step.trigger_tokens
+    before = masks.cache_info()
+    masks(tag_triggers(spec))
+    assert masks.cache_info().hits == before.hits + 1 and masks.cache_info().misses == before.misses
     # below the structure's entry cost (~25 tokens here) none is begun; above it the story's first line holds one
     assert all(" the weather: " in outs[f"stag-{n}"].text for n in budgets if n >= 33)
 
