@@ -181,7 +181,7 @@ def test_structural_tag_free_text_then_the_structure_whole_at_any_budget(engine)
 
 
 def test_a_structure_begins_only_where_the_budget_can_finish_it():
-    from edgellm.engine.json_closing import TagFollower, trigger_tokens
+    from edgellm.engine.json_closing import MAX_STEERED_TRIGGERS, TagFollower, trigger_tokens
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     tag = TagFollower({"triggers": ["<f"], "structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}]})
@@ -195,6 +195,11 @@ def test_a_structure_begins_only_where_the_budget_can_finish_it():
     # a piece that writes the trigger, or ends with its start, begins a structure
     pieces = [b"a", b" <", b"<f", b"x<f>", b"f", b"<", b"<g"]
     assert list(trigger_tokens(pieces, (b"<f",))) == [False, True, True, True, False, True, False]
+    # hostile specs stay cheap: a 500 KB trigger is matched by its first bytes only; too many get no mask
+    # (b"x<f>" only held the short trigger; here it ends with no start of the long one)
+    assert list(trigger_tokens(pieces, (b"<f" + b"x" * 500_000,))) == [False, True, True, False, False, True, False]
+    many = tuple(b"<f%d" % i for i in range(MAX_STEERED_TRIGGERS + 1))
+    assert not trigger_tokens(pieces, many).any() and trigger_tokens(pieces, many[:-1])[2]
 
 
 def test_a_timeout_counts_from_when_the_engine_queues_the_request(engine):
