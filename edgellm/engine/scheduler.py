@@ -21,7 +21,6 @@ from edgellm.engine.decode_cost import DecodeCost
 from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_length, expected_accepted, propose
 from edgellm.engine.draft_model import DraftAsk, DraftModel
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
-from edgellm.engine.json_closing import tag_triggers
 from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.prefix_store import PrefixStore
 from edgellm.engine.prepared import PrepareExecutor
@@ -155,8 +154,8 @@ class Scheduler:
             else None
             for _ in range(request.n)
         ]
-        if request.guide is not None and request.guide.kind is GuideKind.STRUCTURAL_TAG:
-            self.token_step.trigger_tokens(tag_triggers(request.guide.spec))  # here, not on the step loop
+        if request.guide is not None:  # the vocabulary scans its steering may use: made off the step loop
+            self.token_step.warm_steering(request, self._preparer)
         return Prompt(prompt, media, thinking_open=opened), guides
 
     def _infill_prompt(self, request: EngineRequest) -> list[int]:

@@ -7,18 +7,20 @@ the next token(s) is one unit: speculative decoding verifies its drafts through 
 from __future__ import annotations
 
 import functools
+import threading
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
 
 from edgellm.engine.guide_llguidance import GuideBackend
-from edgellm.engine.json_closing import STEER, closing_scores, trigger_tokens
+from edgellm.engine.json_closing import STEER, closing_scores, tag_triggers, trigger_tokens
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, Sample, apply_penalties, sample_row
 from edgellm.engine.slot import Slot
 from edgellm.engine.stats import StepStats
-from edgellm.engine.types import FinishReason, StopCause, TokenLogprob
+from edgellm.engine.types import EngineRequest, FinishReason, GuideKind, StopCause, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class Finish:
     cause: StopCause | None = None  # with FinishReason.STOP: what stopped it
 
 
+_JSON_KINDS_AND_TAGS = (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA, GuideKind.STRUCTURAL_TAG)  # tags: JSON inside
+
+
 class TokenStep:
     def __init__(self, model: LlamaModel, guides: GuideBackend, stats: StepStats, n_slots: int):
         self.model = model
@@ -39,6 +44,8 @@ class TokenStep:
         # Every slot's feed (sampled + forced tokens) must fit in one batch next step.
         self.max_feed = max(1, model.n_batch // n_slots)
         self._closing_scores: tuple[np.ndarray, np.ndarray] | None = None
+        self._closing_lock = threading.Lock()
+        self._closing_queued = False
         # By a structural tag's triggers; a node serves few distinct tags. Thread-safe: the scheduler's
         # prepare threads fill it (Scheduler._prepare), so the step that first needs a mask does not
         # stall every slot for the ~0.1-0.3 s a 49k-token scan takes.
@@ -47,10 +54,33 @@ class TokenStep:
 
     @property
     def closing_scores(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-token closing preference (engine/json_closing.py), computed on first use."""
+        """Per-token closing preference (engine/json_closing.py), computed on first use: by a prepare
+        thread for the first request whose output can hold JSON (Scheduler._prepare), so the step loop
+        only reads it (~0.3 s measured for the piece list and the scores, which would stall every slot)."""
         if self._closing_scores is None:
-            self._closing_scores = closing_scores(self._vocab_pieces())
+            with self._closing_lock:  # two prepare threads at once: one computes, the other waits for it
+                if self._closing_scores is None:
+                    self._closing_scores = closing_scores(self._vocab_pieces())
         return self._closing_scores
+
+    def warm_steering(self, request: EngineRequest, pool: Executor) -> None:
+        """Make (or find cached) the vocabulary scans this guided request's steering may use, so that the
+        step which first needs one does not stall every slot for it. Called from a prepare thread.
+
+        A tag's trigger mask is made here, before the request starts: with a small max_tokens its first
+        step needs it. The closing scores are needed only near max_tokens, and most requests never
+        get there: they are made as a job of their own on `pool`, so no request's start waits for them.
+        """
+        kind = request.guide.kind
+        if kind is GuideKind.STRUCTURAL_TAG:
+            self.trigger_tokens(tag_triggers(request.guide.spec))
+        if self._closing_scores is None and not self._closing_queued:
+            if request.structure is not None or kind in _JSON_KINDS_AND_TAGS:
+                self._closing_queued = True  # once: more jobs would only wait on the lock, holding threads
+                try:
+                    pool.submit(lambda: self.closing_scores)
+                except RuntimeError:  # the pool is shutting down (close()): nothing is served after it
+                    pass
 
     def _trigger_tokens(self, triggers: tuple[bytes, ...]) -> np.ndarray:
         """The tokens that would begin a structure of a structural tag with these triggers."""

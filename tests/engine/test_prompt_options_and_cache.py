@@ -180,6 +180,35 @@ def test_structural_tag_free_text_then_the_structure_whole_at_any_budget(engine)
     assert all(" the weather: " in outs[f"stag-{n}"].text for n in budgets if n >= 33)
 
 
+def test_json_closing_scores_are_made_in_a_prepare_thread(engine):
+    # The closing scores (a scan of the 49k-token vocabulary, ~0.3 s) would stall every slot if the step
+    # that first needs them made them. The real scan runs; the wrapper only records on which thread.
+    import threading
+
+    token_step = engine.scheduler.token_step
+    threads: list[str] = []
+    scan = token_step._vocab_pieces
+
+    def recorded():
+        threads.append(threading.current_thread().name)
+        return scan()
+
+    token_step._vocab_pieces, token_step._closing_scores, token_step._closing_queued = recorded, None, False
+    try:
+        # max_tokens 6: the object is closed by the steering from its first token, so the scores are needed
+        sampling = SamplingParams(temperature=0.0, max_tokens=6)
+        requests = [
+            EngineRequest(f"close-{i}", [{"role": "user", "content": "A JSON object, please."}], sampling, guide)
+            for i, guide in enumerate((GuideSpec(GuideKind.JSON_OBJECT, None), GuideSpec(GuideKind.JSON_OBJECT, None)))
+        ]
+        outs = engine.run(requests)
+    finally:
+        del token_step._vocab_pieces  # the instance attribute goes; the method is back
+    assert all(out.error is None and json.loads(out.text) is not None for out in outs.values())
+    assert token_step._closing_scores is not None
+    assert len(threads) == 1 and threads[0].startswith("prepare"), threads
+
+
 def test_a_structure_begins_only_where_the_budget_can_finish_it():
     from edgellm.engine.json_closing import MAX_STEERED_TRIGGERS, TagFollower, trigger_tokens
 
