@@ -12,7 +12,8 @@ peer confirms it, or for the whole timeout against a dead one), once per poll pe
      answered as if our engine had produced it (a sync caller waiting here gets it; request_status shows it);
   4. read the request mailbox: each envelope addressed to us, from a signed, known sender of our group,
      is checked as a local request is, registered (idempotent by delegation id: a replay never runs twice)
-     and run as an async request;
+     and run as an async request; one whose envelope its origin withdrew before the result went back
+     (the origin runs it) is cancelled here and never answered;
   5. send the results of finished delegated-in requests to their origin;
   6. a delegated request whose peer's capacity record went stale (the peer is gone), or that has no result
      by its deadline, runs here, and its result says so (`delegation.rerun_locally`, `may_have_run_on_peer`),
@@ -440,8 +441,12 @@ class Balancer:
 
     # -- requests from peers (executor) ----------------------------------------------------------------
     def _take_requests(self, now: float) -> None:
-        mailbox = self._read(self.request_hkey) or {}
-        self._seen &= set(mailbox)  # what left the mailbox cannot come back under its id: forget it
+        mailbox = self._read(self.request_hkey)
+        if mailbox is None:  # unreadable now: nothing is taken, and nothing is judged withdrawn
+            return
+        present = {key for key, env in mailbox.items() if env is not None}  # hgetall: None for one deleted meanwhile
+        self._drop_withdrawn(self._seen - present)
+        self._seen &= present  # what left the mailbox cannot come back under its id: forget it
         room = self.capacity().queue_free
         for delegation_id, env in mailbox.items():
             if not isinstance(env, dict) or env.get("target_addr") != self.member.addr:
@@ -533,6 +538,25 @@ class Balancer:
             error = "the delegation id is already used on the executor; send it again under a new one"
             self._send_result(env, delegation_id, RequestStatus.FAILED, None, error, ErrorType.INVALID_REQUEST)
         return 0
+
+    def _drop_withdrawn(self, gone: set[str]) -> None:
+        """Requests taken here whose envelope left the mailbox before their result was sent: their origin
+        withdrew them and runs them itself (its write was not confirmed in time, yet had reached this node;
+        or it judged this node gone). Answered, one would have run twice and its answer be dropped there as
+        late: so its row stops being an executor's (never sent, even after a restart), its run here is
+        cancelled, and it is counted apart: each request taken is answered (results_sent) or withdrawn.
+        Only ids seen in the mailbox this boot, and never on a read error: this node deletes an envelope of
+        a request it took only once its result is sent."""
+        for delegation_id in gone:
+            rec = self.service.registry.get(delegation_id)
+            d = (rec.delegation or {}) if rec is not None else {}
+            if d.get("role") != "executor" or d.get("delegation_id") != delegation_id or d.get("result_sent_at"):
+                continue  # refused, not a delegation, or answered already
+            self.service.registry.set_delegation(delegation_id, {**d, "role": "withdrawn", "withdrawn_at": time.time()})
+            if not rec.status.is_finished:
+                self.service.abort(delegation_id)  # best effort: if it still finishes, it is not sent
+            self._count("withdrawn_by_origin")
+            log.info("delegated request %s was withdrawn by %s: not answered", delegation_id, d.get("origin_addr"))
 
     def _request_of(self, body: dict[str, Any]) -> tuple[ChatRequest, int]:
         """The envelope's request, held to this node's own rules as a local one is (its limits, its

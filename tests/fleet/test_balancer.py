@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import zlib
+from collections.abc import Callable
 
 import pytest
 
@@ -45,6 +46,10 @@ class MemoryStore:
         self.data: dict[str, dict[str, object]] = {}
         self.running = True
         self.dead: set[str] = set()
+        # peer -> what happens while a write to it waits for a confirmation that comes too late (a loaded
+        # node): the write lands there, that runs (the peer polls meanwhile), and the writer is told False.
+        self.late: dict[str, Callable[[], None]] = {}
+        self.unreadable: set[str] = set()  # hkeys whose reads fail
         self.writes: list[tuple[str, str, str | None]] = []
 
     def for_node(self, addr: str) -> MemoryStore:
@@ -62,9 +67,14 @@ class MemoryStore:
             space.pop(key, None)
         else:
             space[key] = json.loads(json.dumps(value))  # ChainStore normalises through JSON
+        if value is not None and to in self.late:
+            self.late[to]()
+            return False
         return True
 
     def hgetall(self, hkey) -> dict:
+        if hkey in self.unreadable:
+            raise TimeoutError("chainstore_hgetall")
         return dict(self.data.get(hkey, {}))
 
 
@@ -317,6 +327,53 @@ async def test_an_unconfirmed_write_runs_the_request_here(tmp_path):
     key = await a.submit(chat(), mode="async")
     await tick(a_bal)
     assert key in a_engine.inflight and a_bal.counts["delegation_unconfirmed"] == 1
+
+
+async def test_a_delegation_withdrawn_after_the_peer_took_it_runs_once_and_is_answered_once(tmp_path):
+    """The flaky CI race, made exact: A's write reaches B, B takes (and counts) it while A waits for the
+    confirmation, which comes past the timeout; A withdraws it and runs it itself. B cancels its copy and
+    never answers it, and each node's counters add up: nothing lost, one answer."""
+    store = MemoryStore()
+    a, a_engine, a_bal = node(tmp_path, "a", A, store, slots=1)
+    b, b_engine, b_bal = node(tmp_path, "b", B, store, slots=2)
+    await tick(b_bal, a_bal)
+    aborted: list[str] = []
+    b_engine.abort = aborted.append
+    store.late[B] = b_bal.tick  # B polls while A's write waits
+    await busy(a, a_engine, 2)
+    key = await a.submit(chat(), mode="async")
+    await tick(a_bal)
+    del store.late[B]
+    (did,) = [r.request_id for r in b_engine.submitted]
+    assert b_bal.counts["delegated_in"] == 1  # B took it ...
+    assert key in a_engine.inflight and a.registry.get(key).delegation["role"] == "rerun"  # ... A runs it
+    assert store.hgetall(a_bal.request_hkey) == {}  # withdrawn
+    await tick(b_bal)
+    assert aborted == [did] and b.registry.get(did).delegation["role"] == "withdrawn"
+    b_engine.finish(b, did, "from b")  # the cancel came too late to save the work: still not answered
+    a_engine.finish(a, key, "here")
+    await tick(b_bal, a_bal, b_bal)
+    assert store.hgetall(b_bal.result_hkey) == {}
+    result = (await a.request_status(key, return_full=False))["result"]
+    assert result["TEXT_RESPONSE"] == ["here"] and result["EXECUTOR_NODE_ADDR"] == A
+    assert b_bal.counts == {"delegated_in": 1, "withdrawn_by_origin": 1}
+    assert a_bal.counts == {"delegated_out": 1, "delegation_unconfirmed": 1, "rerun_locally": 1}
+
+
+async def test_a_mailbox_read_error_withdraws_nothing(tmp_path):
+    store = MemoryStore()
+    a, a_engine, a_bal, b, b_engine, b_bal, key = await one_delegated(tmp_path, store)
+    await tick(b_bal)
+    (did,) = [r.request_id for r in b_engine.submitted]
+    store.unreadable.add(b_bal.request_hkey)  # a read that fails is not an empty mailbox
+    await tick(b_bal)
+    store.unreadable.clear()
+    await tick(b_bal)
+    assert b.registry.get(did).delegation["role"] == "executor" and "withdrawn_by_origin" not in b_bal.counts
+    b_engine.finish(b, did, "from b")
+    await tick(b_bal, a_bal)
+    assert (await a.request_status(key, return_full=False))["result"]["TEXT_RESPONSE"] == ["from b"]
+    assert b_bal.counts["results_sent"] == b_bal.counts["delegated_in"] == 1
 
 
 async def _envelope_for_b(tmp_path, store):

@@ -116,14 +116,22 @@ def test_balancing_a_burst_into_node_a_runs_partly_on_node_b(nodes):
         assert rec["result"]["DELEGATOR_NODE_ADDR"] == a.address and rec["result"]["REQUEST_ID"] == rid
         assert rec["delegation"]["target_addr"] == b.address
         assert rec["result"]["INFERENCE_ELAPSED_TIME"] > 0
-    # B registered and answered each one (its records are readable by A's delegation only, not by B's callers).
-    on_b_counts = status(b)["balancing"]["counts"]
-    assert on_b_counts["delegated_in"] == on_b_counts["results_sent"] == len(on_b)
+
+    # B answered each one it took, except one A withdrew meanwhile: under load a write's confirmation can
+    # come past its timeout after B took it; A then runs it itself, and B cancels it and does not answer.
+    # (Its records are readable by A's delegation only, not by B's callers.)
+    def b_settled() -> dict | None:
+        c = status(b)["balancing"]["counts"]
+        return c if c.get("delegated_in", 0) == c.get("results_sent", 0) + c.get("withdrawn_by_origin", 0) else None
+
+    on_b_counts = wait_until(b_settled, 60, what="node B to answer or drop each request it took")
+    assert len(on_b) <= on_b_counts["results_sent"] <= on_b_counts["delegated_in"]
     delegation_id = records[on_b[0]]["delegation"]["delegation_id"]
     r = httpx.get(f"{b.base_url}/request_status", params={"request_id": delegation_id}, timeout=30)
     assert r.status_code == 404
     counts = status(a)["balancing"]["counts"]
-    assert counts["delegated_out"] == counts["results_received"] == len(on_b)
+    assert counts["results_received"] == len(on_b)
+    assert counts["delegated_out"] == len(on_b) + counts.get("rerun_locally", 0) >= on_b_counts["delegated_in"]
 
 
 def test_balancing_kill_node_b_mid_burst_loses_nothing(nodes):
