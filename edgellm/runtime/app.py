@@ -91,6 +91,7 @@ def worker_config(settings: Settings, model: ModelConfig | None = None) -> Worke
         log_level=settings.log_level,
         board_root=settings.board_root,  # the worker's energy meter (per-request energy_j)
         energy_interval_s=settings.energy_sample_interval_s,
+        self_test_record=settings.self_test_record(),
         force_gpu_failure=settings.force_gpu_failure,
         force_gpu_context_failure=settings.force_gpu_context_failure,
         force_gpu_context_max_cells=settings.force_gpu_context_max_cells,

@@ -104,7 +104,8 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     plan = None
     try:
         # The worker's own log stays at warnings: doctor's report is what the user reads.
-        config = replace(worker_config(settings), log_level="WARNING")
+        # Its self-test always runs: an earlier pass is what doctor is asked to check again.
+        config = replace(worker_config(settings), log_level="WARNING", self_test_record=None)
         plan = settings.memory_report()
     except EdgeLLMError as exc:
         say("model", exc.message)

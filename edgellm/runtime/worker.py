@@ -17,6 +17,7 @@ from multiprocessing.connection import wait as wait_for
 
 from edgellm.engine import test_hooks
 from edgellm.engine.core import EngineCore
+from edgellm.engine.self_test import SelfTestRecord
 from edgellm.runtime.energy import EnergyMeter
 from edgellm.runtime.ipc import (
     Abort,
@@ -64,7 +65,8 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         core = EngineCore(config.model, max_waiting=config.max_waiting)
         conn.send(Phase("warm-up"))
         _crash_hooks("warm-up")
-        info = core.warm_up()
+        record = SelfTestRecord(config.self_test_record) if config.self_test_record else None
+        info = core.warm_up(record)
     except Exception as exc:  # report why, then exit: the supervisor decides what to do
         log.exception("engine failed to start")
         conn.send(Fatal(f"{type(exc).__name__}: {exc}"))

@@ -76,3 +76,33 @@ def test_the_in_process_client_is_an_engine_client(engine):
     assert client.in_flight() == 0
     assert client.health()["state"] == "ready" and client.info["n_slots"] == len(engine.scheduler.slots)
     assert client.stats["slots_busy"] == 0
+
+
+def test_a_recorded_self_test_pass_is_skipped_for_the_same_key_only(engine, tmp_path, monkeypatch):
+    import json
+
+    from edgellm.engine import self_test
+    from edgellm.engine.self_test import SelfTestRecord
+
+    core = engine.core
+    record = SelfTestRecord(str(tmp_path / "self-test.json"))
+    ran = core.warm_up(record).self_test
+    assert ran["sequences"] >= 1 and "skipped" not in ran and core.warmup_ms > 0
+    assert len(json.loads((tmp_path / "self-test.json").read_text())["passes"]) == 1
+    skipped = core.warm_up(record).self_test
+    assert skipped["skipped"] and skipped["sequences"] == ran["sequences"] and core.warmup_ms == 0.0
+    # Another CPU (as a VM moved to an AMX host; faked: this host's flags cannot be changed) runs it again.
+    real = self_test.hardware_identity()
+    monkeypatch.setattr(self_test, "hardware_identity", lambda: {**real, "flags": real.get("flags", "") + " amx_int8"})
+    assert "skipped" not in core.warm_up(record).self_test
+    assert len(json.loads((tmp_path / "self-test.json").read_text())["passes"]) == 2
+    monkeypatch.undo()
+    assert core.warm_up(record).self_test["skipped"]
+    # A record that is not one (cut, foreign, not JSON) is no pass: the self-test runs and rewrites it.
+    for junk in ('{"format": 1, "passes": {', '{"format": 99, "passes": {}}', "[1, 2]", "\x00\xff"):
+        (tmp_path / "self-test.json").write_text(junk, encoding="latin-1")
+        assert "skipped" not in core.warm_up(record).self_test
+        assert core.warm_up(record).self_test["skipped"]
+    # An unwritable place: the pass is not recorded, the start goes on.
+    blocked = SelfTestRecord(str(tmp_path / "self-test.json" / "nested.json"))
+    assert "skipped" not in core.warm_up(blocked).self_test and "skipped" not in core.warm_up(blocked).self_test

@@ -185,6 +185,27 @@ def test_a_ready_worker_killed_by_sigsegv_is_restarted_and_the_log_says_how_it_d
         node.stop()
 
 
+def test_a_restart_with_the_same_build_and_model_skips_the_self_test_and_serves(tmp_path):
+    """The self-test's pass is recorded in the state dir; the next start of the same node skips it (its
+    /status says so) and still answers. With self_test_cache off it runs at every start."""
+
+    def started(env: dict | None = None) -> dict:
+        node = NodeProcess(tmp_path, env=env).start()
+        try:
+            with node.client() as c:
+                assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
+                return c.get("/status").json()["result"]["engine_info"]["self_test"]
+        finally:
+            node.stop()
+
+    first = started()
+    assert first["sequences"] >= 1 and "skipped" not in first
+    assert (tmp_path / "self-test.json").is_file()
+    again = started()
+    assert again["skipped"] and again["sequences"] == first["sequences"]
+    assert "skipped" not in started({"EDGELLM_SELF_TEST_CACHE": "false"})
+
+
 @pytest.mark.slow
 def test_a_worker_that_cannot_be_restarted_after_a_crash_ends_serve_with_the_reason(tmp_path):
     """Every restart after a crash while serving fails (as when the model file was replaced after boot):
