@@ -27,8 +27,9 @@ from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.projector import attach_projector
 from edgellm.engine.scheduler import Scheduler
-from edgellm.engine.self_test import SelfTest, SelfTestRecord
+from edgellm.engine.self_test import SelfTest
 from edgellm.engine.slot import SlotState
+from edgellm.engine.start_record import StartRecord
 from edgellm.engine.types import EngineOutput, EngineRequest
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,12 @@ log = logging.getLogger(__name__)
 class EngineCore:
     """Owns the model and its scheduler. Not thread-safe: one thread drives it."""
 
-    def __init__(self, config: ModelConfig, *, max_waiting: int = 64):
+    def __init__(self, config: ModelConfig, *, max_waiting: int = 64, start_record: StartRecord | None = None):
+        """`start_record` (engine/start_record.py): an earlier start with the same build, CPU, model and
+        settings spares this one the decode-cost probe and, in warm_up, the self-test; a pass is written."""
         self.config = config
         self.max_waiting = max_waiting
+        self.start_record = start_record
         self.model = LlamaModel(config)
         try:
             self.scheduler = self._new_scheduler()
@@ -47,7 +51,12 @@ class EngineCore:
             self.model.close()
             raise
         try:
-            self.scheduler.probe_decode_cost()  # what a verify row costs here (~0.2 s; engine/decode_cost.py)
+            self.earlier_start = start_record.earlier(self.model) if start_record is not None else None
+            restored = self.earlier_start is not None and self.scheduler.decode_cost.restore(
+                self.earlier_start.get("decode_ms")
+            )
+            if not restored:
+                self.scheduler.probe_decode_cost()  # what a verify row costs here (~0.5 s; engine/decode_cost.py)
         except BaseException:
             self.close()
             raise
@@ -240,17 +249,19 @@ class EngineCore:
         return freed
 
     # -- start-up ----------------------------------------------------------------------------
-    def warm_up(self, record: SelfTestRecord | None = None) -> EngineInfo:
+    def warm_up(self) -> EngineInfo:
         """The self-test (engine/self_test.py): several ~64-token prompts decoded together and sampled,
         so a broken kernel fails here, before the engine is offered, not on a client's first request;
         it also pays the lazy init. Its outputs never leave the core. Raises SelfTestFailed.
 
-        With a `record`: skipped when it holds a pass with this build, CPU, model and settings (the
-        start-up decode-cost probe has paid the lazy init by then); a pass is written to it."""
-        earlier = record.earlier_pass(self.model) if record is not None else None
-        if earlier is not None:
+        Skipped when the start record holds a pass with this build, CPU, model and settings; a pass is
+        written to it, with the decode-cost table."""
+        if self.earlier_start is not None:
             self.warmup_ms = 0.0
-            self.self_test = {**earlier, "skipped": "passed before with this engine build, CPU, model and settings"}
+            self.self_test = {
+                **self.earlier_start["self_test"],
+                "skipped": "passed before with this engine build, CPU, model and settings",
+            }
             return self.info
         test = SelfTest(self.model, self.scheduler.max_waiting)
         for request in test.requests:
@@ -260,8 +271,9 @@ class EngineCore:
         self.run_until_idle(on_output=test.on_output, after_step=lambda: test.after_step(self.scheduler.slots))
         result = test.result()
         self.warmup_ms, self.self_test = result.ms, result.as_dict()
-        if record is not None:
-            record.save(self.model, self.self_test)
+        if self.start_record is not None:
+            measured = self.scheduler.decode_cost.measured
+            self.start_record.save(self.model, self.self_test, self.scheduler.decode_cost.table() if measured else None)
         return self.info
 
     # -- what it tells -----------------------------------------------------------------------

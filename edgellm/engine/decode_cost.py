@@ -50,6 +50,23 @@ class DecodeCost:
         self.measured = True
         return dict(found)
 
+    def restore(self, table: object) -> bool:
+        """Take a table an earlier start measured on this device (engine/start_record.py: the same build,
+        CPU, model and settings) instead of probing; False, and nothing changed, unless it is one
+        ({"n": ms} for every probe size, each a positive finite number)."""
+        if not isinstance(table, dict):
+            return False
+        found: dict[int, float] = {}
+        for n in PROBE_SIZES:
+            ms = table.get(str(n))
+            if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms < 1e6:
+                return False
+            found[n] = float(ms)
+        self._ms = found
+        self._sizes = sorted(found)
+        self.measured = True
+        return True
+
     def observe(self, n_tokens: int, elapsed_s: float) -> None:
         """One generation step's decode time (steps with prompt chunks or media say nothing about
         the cost of verify rows, and are not passed here)."""

@@ -105,7 +105,7 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     try:
         # The worker's own log stays at warnings: doctor's report is what the user reads.
         # Its self-test always runs: an earlier pass is what doctor is asked to check again.
-        config = replace(worker_config(settings), log_level="WARNING", self_test_record=None)
+        config = replace(worker_config(settings), log_level="WARNING", start_record=None)
         plan = settings.memory_report()
     except EdgeLLMError as exc:
         say("model", exc.message)

@@ -92,9 +92,9 @@ class WorkerConfig:
     # how often; None: no meter, no energy fields in the timings.
     board_root: str | None = None
     energy_interval_s: float = 0.1
-    # The file of earlier self-test passes (engine/self_test.SelfTestRecord): with one for this build, CPU,
-    # model and settings, the start skips the self-test. None: it runs at every start (doctor).
-    self_test_record: str | None = None
+    # The file of earlier starts (engine/start_record.py): with one for this build, CPU, model and settings,
+    # the start skips the self-test and the decode-cost probe. None: both run at every start (doctor).
+    start_record: str | None = None
     # Test hooks, carried to the worker, which installs them in engine/test_hooks.py.
     force_gpu_failure: bool = False  # pretend the GPU load ran out of memory
     force_gpu_context_failure: bool = False  # pretend the GPU context did not fit

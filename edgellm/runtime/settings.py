@@ -188,9 +188,10 @@ class Settings(BaseSettings):
     # prefix_cache_mb MiB of files (least recently used evicted first).
     prefix_cache: bool = True
     prefix_cache_mb: int = Field(512, ge=1, le=1_048_576)
-    # The start-up self-test (the crash guard) runs once per engine build, CPU, model and settings: its
-    # passes are recorded in <state_dir>/self-test.json and a start that finds one skips it. False: every start.
-    self_test_cache: bool = True
+    # The start-up self-test (the crash guard) and decode-cost probe run once per engine build, CPU, model
+    # and settings: a pass is recorded in <state_dir>/engine-start.json and a start that finds its key skips
+    # both (engine/start_record.py). False: both at every start.
+    start_record: bool = True
     request_timeout: float = Field(600.0, gt=0, description="default per-request timeout (s)")
     max_request_timeout: float = Field(3600.0, gt=0)
     request_ttl: float = Field(7200.0, gt=0, description="seconds a finished request stays queryable")
@@ -466,9 +467,9 @@ class Settings(BaseSettings):
             prefix_cache_bytes=self.prefix_cache_mb * 1024 * 1024,
         )
 
-    def self_test_record(self) -> str | None:
-        """The file of the engine's self-test passes (engine/self_test.SelfTestRecord); None: no record."""
-        return os.path.join(self.state_dir, "self-test.json") if self.self_test_cache else None
+    def start_record_path(self) -> str | None:
+        """The file of the engine's earlier starts (engine/start_record.py); None: no record."""
+        return os.path.join(self.state_dir, "engine-start.json") if self.start_record else None
 
     def memory_report(self) -> dict[str, Any] | None:
         """The memory plan model() used, for /status (None before model(), or without a readable header)."""

@@ -17,7 +17,7 @@ from multiprocessing.connection import wait as wait_for
 
 from edgellm.engine import test_hooks
 from edgellm.engine.core import EngineCore
-from edgellm.engine.self_test import SelfTestRecord
+from edgellm.engine.start_record import StartRecord
 from edgellm.runtime.energy import EnergyMeter
 from edgellm.runtime.ipc import (
     Abort,
@@ -62,11 +62,11 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         # still knows where (the message is in the pipe before the signal).
         conn.send(Phase("loading"))
         _crash_hooks("loading")
-        core = EngineCore(config.model, max_waiting=config.max_waiting)
+        record = StartRecord(config.start_record) if config.start_record else None
+        core = EngineCore(config.model, max_waiting=config.max_waiting, start_record=record)
         conn.send(Phase("warm-up"))
         _crash_hooks("warm-up")
-        record = SelfTestRecord(config.self_test_record) if config.self_test_record else None
-        info = core.warm_up(record)
+        info = core.warm_up()
     except Exception as exc:  # report why, then exit: the supervisor decides what to do
         log.exception("engine failed to start")
         conn.send(Fatal(f"{type(exc).__name__}: {exc}"))

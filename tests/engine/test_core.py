@@ -78,31 +78,65 @@ def test_the_in_process_client_is_an_engine_client(engine):
     assert client.stats["slots_busy"] == 0
 
 
-def test_a_recorded_self_test_pass_is_skipped_for_the_same_key_only(engine, tmp_path, monkeypatch):
+def test_a_start_like_a_recorded_one_skips_its_self_test_and_probe_another_runs_them(model_path, tmp_path, monkeypatch):
     import json
 
-    from edgellm.engine import self_test
-    from edgellm.engine.self_test import SelfTestRecord
+    from edgellm.engine import start_record
+    from edgellm.engine.config import ModelConfig
+    from edgellm.engine.core import EngineCore
+    from edgellm.engine.start_record import StartRecord
 
-    core = engine.core
-    record = SelfTestRecord(str(tmp_path / "self-test.json"))
-    ran = core.warm_up(record).self_test
-    assert ran["sequences"] >= 1 and "skipped" not in ran and core.warmup_ms > 0
-    assert len(json.loads((tmp_path / "self-test.json").read_text())["passes"]) == 1
-    skipped = core.warm_up(record).self_test
-    assert skipped["skipped"] and skipped["sequences"] == ran["sequences"] and core.warmup_ms == 0.0
-    # Another CPU (as a VM moved to an AMX host; faked: this host's flags cannot be changed) runs it again.
-    real = self_test.hardware_identity()
-    monkeypatch.setattr(self_test, "hardware_identity", lambda: {**real, "flags": real.get("flags", "") + " amx_int8"})
-    assert "skipped" not in core.warm_up(record).self_test
-    assert len(json.loads((tmp_path / "self-test.json").read_text())["passes"]) == 2
+    path = tmp_path / "engine-start.json"
+    config = ModelConfig(path=model_path, n_ctx=1024, n_slots=2)
+
+    def start(config: ModelConfig = config) -> tuple[dict, dict, bool]:
+        """One worker start on the real model: (self_test, decode-cost table, whether it probed)."""
+        core = EngineCore(config, max_waiting=4, start_record=StartRecord(str(path)))
+        try:
+            probed = core.earlier_start is None
+            return core.warm_up().self_test, core.scheduler.decode_cost.table(), probed
+        finally:
+            core.close()
+
+    ran, table, probed = start()
+    assert ran["sequences"] >= 1 and "skipped" not in ran and probed
+    entry = next(iter(json.loads(path.read_text())["starts"].values()))
+    assert entry["self_test"] == ran and entry["decode_ms"] == table
+    again, restored, probed = start()
+    assert again["skipped"] and again["sequences"] == ran["sequences"] and not probed and restored == table
+    # Another CPU (as a VM moved to an AMX host; faked: this host's flags cannot be changed) runs both again,
+    # and so does another setting in the key (the slots).
+    real = start_record.hardware_identity()
+    monkeypatch.setattr(
+        start_record, "hardware_identity", lambda: {**real, "flags": real.get("flags", "") + " amx_int8"}
+    )
+    assert "skipped" not in start()[0]
     monkeypatch.undo()
-    assert core.warm_up(record).self_test["skipped"]
-    # A record that is not one (cut, foreign, not JSON) is no pass: the self-test runs and rewrites it.
-    for junk in ('{"format": 1, "passes": {', '{"format": 99, "passes": {}}', "[1, 2]", "\x00\xff"):
-        (tmp_path / "self-test.json").write_text(junk, encoding="latin-1")
-        assert "skipped" not in core.warm_up(record).self_test
-        assert core.warm_up(record).self_test["skipped"]
-    # An unwritable place: the pass is not recorded, the start goes on.
-    blocked = SelfTestRecord(str(tmp_path / "self-test.json" / "nested.json"))
-    assert "skipped" not in core.warm_up(blocked).self_test and "skipped" not in core.warm_up(blocked).self_test
+    assert "skipped" not in start(ModelConfig(path=model_path, n_ctx=1024, n_slots=1))[0]
+    assert len(json.loads(path.read_text())["starts"]) == 3
+    assert start()[0]["skipped"]
+
+
+def test_a_start_record_that_is_not_one_counts_as_none(engine, tmp_path):
+    from edgellm.engine.start_record import StartRecord
+
+    model = engine.core.model
+    path = tmp_path / "engine-start.json"
+    ok = {"sequences": 3}
+    for junk in ('{"format": 1, "starts": {', '{"format": 99, "starts": {}}', "[1, 2]", "\x00\xff", '{"format": 1}'):
+        path.write_text(junk, encoding="latin-1")
+        assert StartRecord(str(path)).earlier(model) is None, junk
+        StartRecord(str(path)).save(model, ok, None)  # a pass replaces it
+        assert StartRecord(str(path)).earlier(model)["self_test"] == ok
+    # An unwritable place: nothing recorded, nothing raised (the start goes on and tests the next time).
+    blocked = StartRecord(str(path / "nested.json"))
+    blocked.save(model, ok, None)
+    assert blocked.earlier(model) is None
+    # A table that is not one is not restored: the probe runs instead.
+    from edgellm.engine.decode_cost import DecodeCost
+
+    cost = DecodeCost()
+    sizes = (1, 2, 4, 8, 16)
+    for bad in (None, [], {"1": 6.0}, {str(n): -1.0 for n in sizes}, {str(n): True for n in sizes}):
+        assert not cost.restore(bad) and not cost.measured
+    assert cost.restore({str(n): 5.0 * n for n in sizes}) and cost.measured and cost.ms(3) == 15.0

@@ -187,7 +187,7 @@ def test_a_ready_worker_killed_by_sigsegv_is_restarted_and_the_log_says_how_it_d
 
 def test_a_restart_with_the_same_build_and_model_skips_the_self_test_and_serves(tmp_path):
     """The self-test's pass is recorded in the state dir; the next start of the same node skips it (its
-    /status says so) and still answers. With self_test_cache off it runs at every start."""
+    /status says so) and still answers. With start_record off it runs at every start."""
 
     def started(env: dict | None = None) -> dict:
         node = NodeProcess(tmp_path, env=env).start()
@@ -200,10 +200,10 @@ def test_a_restart_with_the_same_build_and_model_skips_the_self_test_and_serves(
 
     first = started()
     assert first["sequences"] >= 1 and "skipped" not in first
-    assert (tmp_path / "self-test.json").is_file()
+    assert (tmp_path / "engine-start.json").is_file()
     again = started()
     assert again["skipped"] and again["sequences"] == first["sequences"]
-    assert "skipped" not in started({"EDGELLM_SELF_TEST_CACHE": "false"})
+    assert "skipped" not in started({"EDGELLM_START_RECORD": "false"})
 
 
 @pytest.mark.slow
