@@ -257,6 +257,7 @@ class EngineCore:
         Skipped when the start record holds a pass with this build, CPU, model and settings; a pass is
         written to it, with the decode-cost table."""
         if self.earlier_start is not None:
+            self.scheduler.build_guide_tokenizer()
             self.warmup_ms = 0.0
             self.self_test = {
                 **self.earlier_start["self_test"],
@@ -271,6 +272,7 @@ class EngineCore:
         self.run_until_idle(on_output=test.on_output, after_step=lambda: test.after_step(self.scheduler.slots))
         result = test.result()
         self.warmup_ms, self.self_test = result.ms, result.as_dict()
+        self.scheduler.build_guide_tokenizer()  # after the self-test: not in its timing, nor in the way
         if self.start_record is not None:
             measured = self.scheduler.decode_cost.measured
             self.start_record.save(self.model, self.self_test, self.scheduler.decode_cost.table() if measured else None)

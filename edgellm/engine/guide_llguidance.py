@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import warnings
+from concurrent.futures import Executor, Future
 from functools import lru_cache
 
 import llguidance
@@ -459,19 +461,49 @@ class Guide:
 
 
 class GuideBackend:
-    """Per engine: the llguidance tokenizer (built once, ~0.3 s) and the mask buffers."""
+    """Per engine: the llguidance tokenizer (built once, ~0.45 s on a 2-core CPU) and the mask buffers.
+
+    The tokenizer is only needed by a guided request's compile, so it is not built on the way to ready:
+    `build_tokenizer_in(pool)` starts it on a prepare thread once the engine has started, and a compile
+    waits for it (or builds it, when nothing started it)."""
 
     def __init__(self, vocab, n_vocab: int, eog_tokens: list[int], max_rows: int):
-        from llguidance.llamacpp import lltokenizer_from_vocab  # imports llama_cpp: engine side only
-
         self.n_vocab = n_vocab
-        with warnings.catch_warnings():  # llguidance calls a llama.cpp function deprecated upstream
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self.tokenizer = lltokenizer_from_vocab(vocab, eos_token=eog_tokens)
+        self._vocab, self._eog_tokens = vocab, eog_tokens
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer_job: Future | None = None
+        self._tokenizer_lock = threading.Lock()
         self.bitmask = allocate_token_bitmask(max_rows, n_vocab)
         # Bit positions of one 32-bit word, to unpack masks with numpy (llguidance's own
         # apply_token_bitmask_inplace was ~20x slower here).
         self._bits = (np.uint32(1) << np.arange(32, dtype=np.uint32)).astype(np.uint32)
+
+    def build_tokenizer_in(self, pool: Executor) -> None:
+        """Start building the tokenizer as a job of `pool`, unless it is begun or built. The pool must be
+        shut down (waiting) before the model is freed: the job reads its vocabulary."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None and self._tokenizer_job is None:
+                self._tokenizer_job = pool.submit(self._build_tokenizer)
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            with self._tokenizer_lock:
+                job = self._tokenizer_job
+                # Nothing started it, or its job still waits for a thread (maybe behind this very caller's
+                # job, in the same pool): built here, once.
+                if self._tokenizer is None and (job is None or job.cancel()):
+                    self._tokenizer = self._build_tokenizer()
+            if self._tokenizer is None:
+                self._tokenizer = job.result()
+        return self._tokenizer
+
+    def _build_tokenizer(self) -> llguidance.LLTokenizer:
+        from llguidance.llamacpp import lltokenizer_from_vocab  # imports llama_cpp: engine side only
+
+        with warnings.catch_warnings():  # llguidance calls a llama.cpp function deprecated upstream
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(self._vocab, eos_token=self._eog_tokens)
 
     def compile(self, spec: GuideSpec, *, thinking: ThinkingSpec | None = None, opened: bool = False) -> Guide:
         """`thinking`: the guide applies after a reasoning block (`opened`: the prompt opened it)."""

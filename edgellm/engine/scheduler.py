@@ -418,6 +418,11 @@ class Scheduler:
         for ask, tokens in zip(asks, drafts, strict=True):
             self.slots[ask.seq_id].drafts = tokens
 
+    def build_guide_tokenizer(self) -> None:
+        """Build the guides' tokenizer on a prepare thread from now on (engine/guide_llguidance.py): called
+        once the engine has started, so neither its start nor its probe shares the cores with it."""
+        self.guides.build_tokenizer_in(self._preparer)
+
     def probe_decode_cost(self) -> dict[int, float]:
         """Time decodes of 1..16 tokens (every row with logits, as a step verifying drafts) in slot 0's
         sequence, before any request: the start of the draft cost table. Slot 0's cache is cleared."""

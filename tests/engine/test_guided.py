@@ -232,3 +232,30 @@ def test_a_huge_counted_repetition_fails_with_a_short_error_in_the_engine(engine
     out = engine.one(req("rep", "Say a.", guide=GuideSpec(GuideKind.REGEX, "a{1000000}"), temperature=0.0))
     assert out.finish_reason is FinishReason.ERROR, (out.text, out.error)
     assert "counted repetition" in out.error and "\n" not in out.error and "<state>" not in out.error
+
+
+def test_the_guide_tokenizer_is_built_once_in_the_pool_or_where_first_needed(engine):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgellm.engine.guide_llguidance import GuideBackend
+
+    model = engine.scheduler.model
+    schema = GuideSpec(GuideKind.JSON_SCHEMA, {"type": "object", "properties": {"a": {"type": "integer"}}})
+    pool = ThreadPoolExecutor(1)
+    try:
+        gate = threading.Event()
+        pool.submit(gate.wait)  # the pool's one thread is busy: a tokenizer job waits behind it
+        waiting = GuideBackend(model.vocab, model.n_vocab, model.eog_tokens, 1)
+        waiting.build_tokenizer_in(pool)
+        waiting.compile(schema)  # does not wait on the blocked pool: takes its job back and builds here
+        assert waiting._tokenizer_job.cancelled() and waiting.tokenizer is waiting.tokenizer
+        gate.set()
+        pooled = GuideBackend(model.vocab, model.n_vocab, model.eog_tokens, 1)
+        pooled.build_tokenizer_in(pool)
+        built = pooled._tokenizer_job.result(timeout=60)
+        pooled.build_tokenizer_in(pool)  # once: a second call starts nothing
+        assert pooled.tokenizer is built and pooled.compile(schema) is not None
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
