@@ -9,7 +9,7 @@ engine's flags (tools/llama_server_build.sh), or taken from --llama-server PATH.
 
 Both servers are started first, one at a time, the other paused, each twice for the "ready" times
 (process start to the first /health 200): a first start on an empty state dir, then a restart (edgellm
-recorded its self-test's pass at the first, engine/self_test.py), then measured in turns A-B-A (edgellm,
+recorded its self-test's pass at the first, engine/start_record.py), then measured in turns A-B-A (edgellm,
 llama-server, edgellm; `--turns 5` or 7 go on alternating, for a machine whose speed drifts, and
 each llama-server turn is also compared with the edgellm turns either side of it): the idle one
 is paused (SIGSTOP on its process group, SIGCONT before its turn), so the two never share the cores. Each turn runs:

@@ -110,7 +110,7 @@ class RequestRecord:
     finished_at: float | None
     expires_at: float | None
     owner: str | None = None
-    # fleet/balancer.py: {"role": "origin" | "executor" | "rerun" | "failed", ...}
+    # fleet/balancer.py: {"role": "origin" | "executor" | "withdrawn" | "rerun" | "failed", ...}
     delegation: dict[str, Any] | None = None
 
     @classmethod
@@ -296,10 +296,11 @@ class Registry:
 
     def pending_from_earlier_boots(self) -> list[RequestRecord]:
         """The work a restart must recover: pending rows accepted by another node process, except those
-        delegated to a peer (request balancing follows them up: their result comes back by mailbox)."""
+        delegated to a peer (request balancing follows them up: their result comes back by mailbox) and
+        those taken from a peer that its origin withdrew (it runs them itself: fleet/balancer.py)."""
         rows = self._rows(
-            "SELECT * FROM requests WHERE status=? AND boot_id != ? "
-            "AND (delegation IS NULL OR json_extract(delegation, '$.role') != 'origin') ORDER BY created_at",
+            "SELECT * FROM requests WHERE status=? AND boot_id != ? AND (delegation IS NULL OR "
+            "json_extract(delegation, '$.role') NOT IN ('origin', 'withdrawn')) ORDER BY created_at",
             (RequestStatus.PENDING.value, self.boot_id),
         )
         return [RequestRecord.from_row(r) for r in rows]

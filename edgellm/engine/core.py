@@ -51,11 +51,11 @@ class EngineCore:
             self.model.close()
             raise
         try:
-            self.earlier_start = start_record.earlier(self.model) if start_record is not None else None
-            restored = self.earlier_start is not None and self.scheduler.decode_cost.restore(
-                self.earlier_start.get("decode_ms")
-            )
-            if not restored:
+            earlier = start_record.earlier(self.model, max_waiting) if start_record is not None else None
+            self.earlier_start = earlier
+            if earlier is not None and self.scheduler.decode_cost.restore(earlier.get("decode_ms")):
+                self.scheduler.first_decode()  # llama.cpp's lazy set-up, which the probe pays otherwise
+            else:
                 self.scheduler.probe_decode_cost()  # what a verify row costs here (~0.5 s; engine/decode_cost.py)
         except BaseException:
             self.close()
@@ -138,6 +138,7 @@ class EngineCore:
         self.scheduler.decode_cost = cost
         self.scheduler.energy = self.energy
         self.scheduler.set_wake(self.wake)
+        self.scheduler.build_guide_tokenizer()
 
     # -- requests ----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> EngineOutput | None:
@@ -252,10 +253,11 @@ class EngineCore:
     def warm_up(self) -> EngineInfo:
         """The self-test (engine/self_test.py): several ~64-token prompts decoded together and sampled,
         so a broken kernel fails here, before the engine is offered, not on a client's first request;
-        it also pays the lazy init. Its outputs never leave the core. Raises SelfTestFailed.
+        its outputs never leave the core. Raises SelfTestFailed.
 
-        Skipped when the start record holds a pass with this build, CPU, model and settings; a pass is
-        written to it, with the decode-cost table."""
+        Skipped when the start record holds a pass with this build, CPU, model and settings (llama.cpp's
+        lazy set-up was paid by a first decode at construction then); a pass is written to it, with the
+        decode-cost table."""
         if self.earlier_start is not None:
             self.scheduler.build_guide_tokenizer()
             self.warmup_ms = 0.0
@@ -275,7 +277,8 @@ class EngineCore:
         self.scheduler.build_guide_tokenizer()  # after the self-test: not in its timing, nor in the way
         if self.start_record is not None:
             measured = self.scheduler.decode_cost.measured
-            self.start_record.save(self.model, self.self_test, self.scheduler.decode_cost.table() if measured else None)
+            table = self.scheduler.decode_cost.table() if measured else None
+            self.start_record.save(self.model, self.max_waiting, self.self_test, table)
         return self.info
 
     # -- what it tells -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ Error messages carry llguidance's first line only: the rest is an internal parse
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import warnings
@@ -33,6 +34,8 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from edgellm.engine.types import GuideKind, GuideSpec, ThinkingSpec
 from edgellm.errors import GuideError
+
+log = logging.getLogger(__name__)
 
 MAX_GUIDE_BYTES = 128 * 1024
 # Bound on a counted repetition, nested counts multiplied: `a{10000}` works, `a{1000000}` exhausts
@@ -495,13 +498,23 @@ class GuideBackend:
                 if self._tokenizer is None and (job is None or job.cancel()):
                     self._tokenizer = self._build_tokenizer()
             if self._tokenizer is None:
-                self._tokenizer = job.result()
+                try:
+                    self._tokenizer = job.result()
+                except Exception:  # the job failed (or was cancelled at close): no retry by every request
+                    with self._tokenizer_lock:
+                        if self._tokenizer is None:
+                            log.exception("the guide tokenizer's build failed; building it again here")
+                            self._tokenizer_job = None
+                            self._tokenizer = self._build_tokenizer()
         return self._tokenizer
 
     def _build_tokenizer(self) -> llguidance.LLTokenizer:
         from llguidance.llamacpp import lltokenizer_from_vocab  # imports llama_cpp: engine side only
 
-        with warnings.catch_warnings():  # llguidance calls a llama.cpp function deprecated upstream
+        # llguidance calls a llama.cpp function deprecated upstream, once per token. catch_warnings swaps
+        # the process-wide filters while it lasts (~0.45 s, on a prepare thread): another thread's
+        # DeprecationWarning in that time is not shown either, which is all it can cost.
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             return lltokenizer_from_vocab(self._vocab, eos_token=self._eog_tokens)
 

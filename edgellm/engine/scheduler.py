@@ -423,6 +423,21 @@ class Scheduler:
         once the engine has started, so neither its start nor its probe shares the cores with it."""
         self.guides.build_tokenizer_in(self._preparer)
 
+    def first_decode(self) -> None:
+        """One 1-token decode in slot 0's sequence, then cleared: llama.cpp's lazy set-up (paid by the
+        probe's first decode when it runs), so that it is not a client request's."""
+        slot = self.slots[0]
+        if slot.state is not SlotState.IDLE:
+            return
+        token = self.model.eos_token if self.model.eos_token >= 0 else 0
+        try:
+            self.model.decode([token], [0], [slot.seq_id], [True])
+        except EngineError as exc:
+            log.warning("first decode failed (%s)", exc.message)
+        finally:
+            self.model.trim_sequence(slot.seq_id, 0)
+            slot.cached = []
+
     def probe_decode_cost(self) -> dict[int, float]:
         """Time decodes of 1..16 tokens (every row with logits, as a step verifying drafts) in slot 0's
         sequence, before any request: the start of the draft cost table. Slot 0's cache is cleared."""

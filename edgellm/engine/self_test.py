@@ -61,6 +61,16 @@ def _prompt(model, seq: int, n_tokens: int) -> str:
     return text
 
 
+def self_test_size(model, max_waiting: int) -> tuple[int, int, int]:
+    """(sequences, prompt tokens each, new tokens each) of this engine's self-test."""
+    # Within the slots and the queue the node was given (max_queued can be 1 or 2 on a small board).
+    n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots, max_waiting))
+    # A small context (a test config, a board preset) still gets a prompt that fits with its answer.
+    # (8 words of overshoot are at most ~24 tokens.)
+    prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.slot_ctx - SELF_TEST_NEW_TOKENS - 32))
+    return n_seq, prompt_tokens, SELF_TEST_NEW_TOKENS
+
+
 class SelfTest:
     """One run of the self-test: min(n_slots, 3) prompts of ~64 tokens prefilled together, 4 tokens
     sampled from each. The engine core queues `requests`, steps them (its one loop) and feeds back
@@ -68,11 +78,7 @@ class SelfTest:
     without a token)."""
 
     def __init__(self, model, max_waiting: int):
-        # Within the slots and the queue the node was given (max_queued can be 1 or 2 on a small board).
-        n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots, max_waiting))
-        # A small context (a test config, a board preset) still gets a prompt that fits with its answer.
-        # (8 words of overshoot are at most ~24 tokens.)
-        self.prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.slot_ctx - SELF_TEST_NEW_TOKENS - 32))
+        n_seq, self.prompt_tokens, _ = self_test_size(model, max_waiting)
         self.t0 = time.perf_counter()
         self.requests = [
             EngineRequest(

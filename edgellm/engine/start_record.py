@@ -7,9 +7,12 @@ nothing it depends on changed. So a start whose self-test passed writes, under a
 (`start_key`), the self-test's result and the probe's table to `<state_dir>/engine-start.json`; a start
 that finds its key there skips both (the table goes on being updated by the steps, as after a probe).
 
-What can make a kernel crash or change its speed is all in the key: a rebuilt or reinstalled llama.cpp
-(its native libraries' sizes and mtimes), another CPU (a VM moved to an AMX host: the CPU flags),
-another board or GPU, another model file, context, offload, threads, batch or slots, another edgellm.
+The key holds what we know to make a kernel crash or change its speed: a rebuilt or reinstalled
+llama.cpp (the native libraries the process has mapped: llama, ggml, mtmd, CUDA, OpenMP, each by path,
+size and mtime, wherever LLAMA_CPP_LIB_PATH put them), the CPU (its flags, and the features ggml found
+at run time: a VM moved to an AMX host), the kernel, the board, the GPUs and the NVIDIA driver, the model
+file, context, offload, the threads actually used and the CPUs the process may run on, batch, slots and
+the self-test's real size, and edgellm's version.
 Only a pass is written: a build that crashes in the self-test is tested at every start. An unreadable
 or foreign file counts as no record (and is replaced at the next pass).
 """
@@ -27,7 +30,7 @@ import llama_cpp as L
 
 from edgellm import __version__
 from edgellm.engine.prefix_store import fingerprint_parts
-from edgellm.engine.self_test import SELF_TEST_MAX_SEQUENCES, SELF_TEST_NEW_TOKENS, SELF_TEST_PROMPT_TOKENS
+from edgellm.engine.self_test import self_test_size
 
 RECORD_FORMAT = 1
 MAX_RECORDED = 16  # starts kept: a node sees few builds, CPUs and models
@@ -43,37 +46,42 @@ class StartRecord:
         self.path = path
         self._keys: dict[int, str] = {}  # by id(model): the key reads the model file's header once per start
 
-    def earlier(self, model) -> dict | None:
-        """The entry an earlier start with this model's key wrote ({"self_test": ..., "decode_ms": ...}),
-        or None (none, or the key cannot be made)."""
+    def earlier(self, model, max_waiting: int) -> dict | None:
+        """The entry an earlier start with this key wrote ({"self_test": ..., "decode_ms": ...}), or None
+        (none, the key cannot be made, or the file is not a record): never an error, the start goes on."""
         try:
-            key = self._key(model)
-        except OSError as exc:
-            log.warning("no start record used: its key could not be made (%s)", exc)
+            entry = self._read().get(self._key(model, max_waiting))
+        except Exception as exc:  # a record must never stop a start: this one tests and measures instead
+            log.warning("no start record used (%s: %s)", type(exc).__name__, exc)
             return None
-        entry = self._read().get(key)
         return entry if isinstance(entry, dict) and isinstance(entry.get("self_test"), dict) else None
 
-    def save(self, model, self_test: dict, decode_ms: dict[str, float] | None) -> None:
-        """Record a start whose self-test passed (the newest MAX_RECORDED kept); a failed write is logged,
-        never fatal: the next start runs the self-test again."""
+    def save(self, model, max_waiting: int, self_test: dict, decode_ms: dict[str, float] | None) -> None:
+        """Record a start whose self-test passed (the newest MAX_RECORDED kept); a failure is logged, never
+        fatal: the next start runs the self-test again."""
+        tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
-            key = self._key(model)
-            entries = self._read()
+            key = self._key(model, max_waiting)
+            entries = {k: v for k, v in self._read().items() if isinstance(v, dict) and _is_time(v.get("at"))}
             entries[key] = {"at": time.time(), "self_test": self_test, "decode_ms": decode_ms}
-            newest = sorted(entries.items(), key=lambda kv: kv[1].get("at", 0) if isinstance(kv[1], dict) else 0)
+            newest = sorted(entries.items(), key=lambda kv: kv[1]["at"])
             body = {"format": RECORD_FORMAT, "starts": dict(newest[-MAX_RECORDED:])}
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(body, f)
-            os.replace(tmp, self.path)  # whole or not at all: a crash mid-write leaves the old record
-        except OSError as exc:
-            log.warning("start not recorded (%s): the next start runs the self-test again", exc)
+            # Whole or not at all: a crash mid-write leaves the old record. Two workers (a model switch)
+            # writing at once can lose one's entry: it costs that one a self-test at its next start.
+            os.replace(tmp, self.path)
+        except Exception as exc:
+            log.warning("start not recorded (%s: %s): the next start runs the self-test again", type(exc).__name__, exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
-    def _key(self, model) -> str:
+    def _key(self, model, max_waiting: int) -> str:
         if id(model) not in self._keys:
-            self._keys[id(model)] = start_key(model)
+            self._keys[id(model)] = start_key(model, max_waiting)
         return self._keys[id(model)]
 
     def _read(self) -> dict:
@@ -82,25 +90,30 @@ class StartRecord:
                 body = json.load(f)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             log.warning("start record %s unreadable (%s): counted as none", self.path, exc)
             return {}
         starts = body.get("starts") if isinstance(body, dict) and body.get("format") == RECORD_FORMAT else None
         return starts if isinstance(starts, dict) else {}
 
 
-def start_key(model) -> str:
+def _is_time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def start_key(model, max_waiting: int) -> str:
     """A hash of what decides whether an earlier start's self-test and probe still hold: the self-test's
-    shape and edgellm's version, the model file and context (prefix_store.fingerprint_parts: its identity,
-    slot size, KV type, flash attention, offload), the threads, batch and slots, the engine's native
-    libraries and the hardware the kernels run on."""
+    real size and edgellm's version, the model file and context (prefix_store.fingerprint_parts: its
+    identity, slot size, KV type, flash attention, offload), the threads, CPUs, batch and slots, the
+    engine's native libraries and the hardware the kernels run on."""
     config = model.config
     parts = {
         "format": RECORD_FORMAT,
         "edgellm": __version__,
-        "self_test": [SELF_TEST_PROMPT_TOKENS, SELF_TEST_MAX_SEQUENCES, SELF_TEST_NEW_TOKENS],
+        "self_test": self_test_size(model, max_waiting),
         "model": fingerprint_parts(model),
-        "n_threads": config.n_threads,
+        "n_threads": model.n_threads,  # the count in use (config.n_threads 0 means all the CPUs below)
+        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "adaptive_threads": config.adaptive_threads,
         "speculative": config.speculative,
         "n_batch": model.n_batch,
@@ -111,15 +124,38 @@ def start_key(model) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+_ENGINE_LIBRARY_NAMES = ("llama", "ggml", "mtmd", "cuda", "cublas", "nvrtc", "gomp", "omp")
+
+
 def engine_libraries() -> list[tuple[str, int, int]]:
-    """(name, size, mtime_ns) of each native library llama-cpp-python loads (its lib/ folder)."""
-    folder = os.path.join(os.path.dirname(L.__file__), "lib")
+    """(path, size, mtime_ns) of each native library of the engine this process has mapped (Linux:
+    /proc/self/maps, so a LLAMA_CPP_LIB_PATH build or the CUDA libraries count as well), else of the
+    files in llama-cpp-python's lib/ folder."""
+    paths: set[str] = set()
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split(None, 5)  # address perms offset dev inode [path]
+                path = fields[5].strip() if len(fields) == 6 else ""
+                name = os.path.basename(path).lower()
+                if path.startswith("/") and ".so" in name and any(k in name for k in _ENGINE_LIBRARY_NAMES):
+                    paths.add(path)
+    except OSError:
+        pass
+    if not paths:
+        folder = os.path.join(os.path.dirname(L.__file__), "lib")
+        with os.scandir(folder) as entries:
+            paths = {
+                e.path for e in entries if e.is_file() and (".so" in e.name or e.name.endswith((".dylib", ".dll")))
+            }
     found = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.is_file() and (".so" in entry.name or entry.name.endswith((".dylib", ".dll"))):
-                st = entry.stat()
-                found.append((entry.name, st.st_size, st.st_mtime_ns))
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:  # mapped, then replaced on disk: the change itself is news
+            found.append((path, -1, -1))
+            continue
+        found.append((path, st.st_size, st.st_mtime_ns))
     return sorted(found)
 
 
@@ -129,7 +165,11 @@ _CPU_FIELDS = ("vendor_id", "model name", "flags", "CPU implementer", "CPU part"
 def hardware_identity() -> dict[str, str]:
     """The CPU (its model and feature flags, from /proc/cpuinfo: the AMX flags are among them), the board
     (a Jetson's device-tree model) and the NVIDIA GPUs the driver lists; what a platform lacks is left out."""
-    found = {"machine": platform.machine(), "cpus": str(os.cpu_count())}
+    found = {"machine": platform.machine(), "kernel": platform.release(), "cpus": str(os.cpu_count())}
+    try:
+        found["ggml"] = L.llama_print_system_info().decode("utf-8", "replace")  # the features it uses here
+    except Exception:  # an older binding without it: the flags below still say what the CPU has
+        pass
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -142,6 +182,11 @@ def hardware_identity() -> dict[str, str]:
     try:
         with open("/proc/device-tree/model", "rb") as f:
             found["board"] = f.read(256).decode("utf-8", "replace").strip("\x00 \n")
+    except OSError:
+        pass
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as f:
+            found["nvidia driver"] = f.readline().strip()
     except OSError:
         pass
     gpus = "/proc/driver/nvidia/gpus"

@@ -123,15 +123,26 @@ def test_a_start_record_that_is_not_one_counts_as_none(engine, tmp_path):
     model = engine.core.model
     path = tmp_path / "engine-start.json"
     ok = {"sequences": 3}
-    for junk in ('{"format": 1, "starts": {', '{"format": 99, "starts": {}}', "[1, 2]", "\x00\xff", '{"format": 1}'):
+    junks = (
+        '{"format": 1, "starts": {',
+        '{"format": 99, "starts": {}}',
+        "[1, 2]",
+        "\x00\xff",
+        '{"format": 1}',
+        '{"format": 1, "starts": {"k": {"at": null}, "j": {"at": "x", "self_test": 1}, "i": [1]}}',
+        '{"format": 1, "starts": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    )
+    for junk in junks:
         path.write_text(junk, encoding="latin-1")
-        assert StartRecord(str(path)).earlier(model) is None, junk
-        StartRecord(str(path)).save(model, ok, None)  # a pass replaces it
-        assert StartRecord(str(path)).earlier(model)["self_test"] == ok
+        assert StartRecord(str(path)).earlier(model, 16) is None, junk[:80]
+        StartRecord(str(path)).save(model, 16, ok, None)  # a pass replaces it
+        assert StartRecord(str(path)).earlier(model, 16)["self_test"] == ok
+        assert StartRecord(str(path)).earlier(model, 1) is None  # another self-test size: another key
+    assert [p.name for p in tmp_path.iterdir()] == ["engine-start.json"]  # no temp file left
     # An unwritable place: nothing recorded, nothing raised (the start goes on and tests the next time).
     blocked = StartRecord(str(path / "nested.json"))
-    blocked.save(model, ok, None)
-    assert blocked.earlier(model) is None
+    blocked.save(model, 16, ok, None)
+    assert blocked.earlier(model, 16) is None and [p.name for p in tmp_path.iterdir()] == ["engine-start.json"]
     # A table that is not one is not restored: the probe runs instead.
     from edgellm.engine.decode_cost import DecodeCost
 
