@@ -53,10 +53,10 @@ class EngineCore:
         try:
             earlier = start_record.earlier(self.model, max_waiting) if start_record is not None else None
             self.earlier_start = earlier
-            if earlier is not None and self.scheduler.decode_cost.restore(earlier.get("decode_ms")):
-                self.scheduler.first_decode()  # llama.cpp's lazy set-up, which the probe pays otherwise
-            else:
+            if earlier is None or not self.scheduler.decode_cost.restore(earlier.get("decode_ms")):
                 self.scheduler.probe_decode_cost()  # what a verify row costs here (~0.5 s; engine/decode_cost.py)
+            if earlier is not None:  # no self-test follows: llama.cpp's lazy set-up is paid here, not by a client
+                self.scheduler.first_decode()
         except BaseException:
             self.close()
             raise
@@ -259,13 +259,17 @@ class EngineCore:
         lazy set-up was paid by a first decode at construction then); a pass is written to it, with the
         decode-cost table."""
         if self.earlier_start is not None:
-            self.scheduler.build_guide_tokenizer()
             self.warmup_ms = 0.0
             self.self_test = {
                 **self.earlier_start["self_test"],
                 "skipped": "passed before with this engine build, CPU, model and settings",
             }
-            return self.info
+        else:
+            self._self_test()
+        self.scheduler.build_guide_tokenizer()  # after the self-test: not in its timing, nor in the way
+        return self.info
+
+    def _self_test(self) -> None:
         test = SelfTest(self.model, self.scheduler.max_waiting)
         for request in test.requests:
             test.refused(self.add(request))
@@ -274,12 +278,10 @@ class EngineCore:
         self.run_until_idle(on_output=test.on_output, after_step=lambda: test.after_step(self.scheduler.slots))
         result = test.result()
         self.warmup_ms, self.self_test = result.ms, result.as_dict()
-        self.scheduler.build_guide_tokenizer()  # after the self-test: not in its timing, nor in the way
         if self.start_record is not None:
             measured = self.scheduler.decode_cost.measured
             table = self.scheduler.decode_cost.table() if measured else None
             self.start_record.save(self.model, self.max_waiting, self.self_test, table)
-        return self.info
 
     # -- what it tells -----------------------------------------------------------------------
     @property

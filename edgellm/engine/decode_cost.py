@@ -45,9 +45,7 @@ class DecodeCost:
         sizes = sorted(found)
         for lo, hi in zip(reversed(sizes[:-1]), reversed(sizes[1:]), strict=True):
             found[lo] = min(found[lo], found[hi])
-        self._ms = found
-        self._sizes = sorted(found)
-        self.measured = True
+        self._take(found)
         return dict(found)
 
     def restore(self, table: object) -> bool:
@@ -62,10 +60,13 @@ class DecodeCost:
             if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms < 1e6:
                 return False
             found[n] = float(ms)
-        self._ms = found
-        self._sizes = sorted(found)
-        self.measured = True
+        self._take(found)
         return True
+
+    def _take(self, measured: dict[int, float]) -> None:
+        self._ms = measured
+        self._sizes = sorted(measured)
+        self.measured = True
 
     def observe(self, n_tokens: int, elapsed_s: float) -> None:
         """One generation step's decode time (steps with prompt chunks or media say nothing about

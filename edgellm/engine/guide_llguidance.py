@@ -490,22 +490,20 @@ class GuideBackend:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        if self._tokenizer is None:
-            with self._tokenizer_lock:
-                job = self._tokenizer_job
-                # Nothing started it, or its job still waits for a thread (maybe behind this very caller's
-                # job, in the same pool): built here, once.
-                if self._tokenizer is None and (job is None or job.cancel()):
-                    self._tokenizer = self._build_tokenizer()
+        if self._tokenizer is not None:
+            return self._tokenizer
+        with self._tokenizer_lock:  # the job takes no lock: waiting for it here is safe, and others wait too
             if self._tokenizer is None:
-                try:
-                    self._tokenizer = job.result()
-                except Exception:  # the job failed (or was cancelled at close): no retry by every request
-                    with self._tokenizer_lock:
-                        if self._tokenizer is None:
-                            log.exception("the guide tokenizer's build failed; building it again here")
-                            self._tokenizer_job = None
-                            self._tokenizer = self._build_tokenizer()
+                job = self._tokenizer_job
+                # A job still waiting for a thread (maybe behind this very caller's, in the same pool) is
+                # taken back: built here instead, as when nothing started it.
+                if job is not None and not job.cancel():
+                    try:
+                        self._tokenizer = job.result()
+                    except Exception:  # a failed build is tried once more here, not re-raised to every request
+                        log.exception("the guide tokenizer's build failed; building it again here")
+                if self._tokenizer is None:
+                    self._tokenizer = self._build_tokenizer()
         return self._tokenizer
 
     def _build_tokenizer(self) -> llguidance.LLTokenizer:

@@ -424,19 +424,16 @@ class Scheduler:
         self.guides.build_tokenizer_in(self._preparer)
 
     def first_decode(self) -> None:
-        """One 1-token decode in slot 0's sequence, then cleared: llama.cpp's lazy set-up (paid by the
-        probe's first decode when it runs), so that it is not a client request's."""
-        slot = self.slots[0]
-        if slot.state is not SlotState.IDLE:
+        """One 1-token decode in slot 0's sequence, then cleared: llama.cpp's lazy set-up, paid here (at
+        start, where no self-test follows) rather than by a client's first request."""
+        if self.slots[0].state is not SlotState.IDLE:
             return
-        token = self.model.eos_token if self.model.eos_token >= 0 else 0
         try:
-            self.model.decode([token], [0], [slot.seq_id], [True])
+            self._filler_decode(1)
         except EngineError as exc:
             log.warning("first decode failed (%s)", exc.message)
         finally:
-            self.model.trim_sequence(slot.seq_id, 0)
-            slot.cached = []
+            self._clear_first_slot()
 
     def probe_decode_cost(self) -> dict[int, float]:
         """Time decodes of 1..16 tokens (every row with logits, as a step verifying drafts) in slot 0's
@@ -444,21 +441,26 @@ class Scheduler:
         slot = self.slots[0]
         if slot.state is not SlotState.IDLE or not self.model.config.speculative or not self.model.partial_trim:
             return {}
-        token = self.model.eos_token if self.model.eos_token >= 0 else 0
-
-        def decode(n: int) -> None:
-            self.model.trim_sequence(slot.seq_id, 0)
-            self.model.decode([token] * n, list(range(n)), [slot.seq_id] * n, [True] * n)
-
         try:
-            decode(1)  # the first decode pays llama.cpp's lazy set-up: not a cost of verify rows
-            return self.decode_cost.probe(decode)
+            self._filler_decode(1)  # the first decode pays llama.cpp's lazy set-up: not a cost of verify rows
+            return self.decode_cost.probe(self._filler_decode)
         except EngineError as exc:
             log.warning("draft cost probe failed (%s); using default costs", exc.message)
             return {}
         finally:
-            self.model.trim_sequence(slot.seq_id, 0)
-            slot.cached = []
+            self._clear_first_slot()
+
+    def _filler_decode(self, n: int) -> None:
+        """A decode of n filler tokens (every row with logits) from position 0 of slot 0's sequence."""
+        seq_id = self.slots[0].seq_id
+        token = self.model.eos_token if self.model.eos_token >= 0 else 0
+        self.model.trim_sequence(seq_id, 0)
+        self.model.decode([token] * n, list(range(n)), [seq_id] * n, [True] * n)
+
+    def _clear_first_slot(self) -> None:
+        slot = self.slots[0]
+        self.model.trim_sequence(slot.seq_id, 0)
+        slot.cached = []
 
     def _settle_drafts(self, slot: Slot, accepted: int) -> None:
         """Cut the KV of the drafts the verification rejected; add the outcome to the slot's acceptance."""
