@@ -264,6 +264,8 @@ class EngineCore:
                 **self.earlier_start["self_test"],
                 "skipped": "passed before with this engine build, CPU, model and settings",
             }
+            if self.start_record is not None:
+                self.start_record.refresh(self.model, self.max_waiting, self.earlier_start)
         else:
             self._self_test()
         self.scheduler.build_guide_tokenizer()  # after the self-test: not in its timing, nor in the way

@@ -19,6 +19,7 @@ or foreign file counts as no record (and is replaced at the next pass).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -59,19 +60,30 @@ class StartRecord:
     def save(self, model, max_waiting: int, self_test: dict, decode_ms: dict[str, float] | None) -> None:
         """Record a start whose self-test passed (the newest MAX_RECORDED kept); a failure is logged, never
         fatal: the next start runs the self-test again."""
+        self._write(model, max_waiting, {"self_test": self_test, "decode_ms": decode_ms})
+
+    def refresh(self, model, max_waiting: int, entry: dict) -> None:
+        """A start that used `entry` (from `earlier`) marks it as used now, so that the MAX_RECORDED cap
+        drops the starts least recently used, not the ones first recorded."""
+        self._write(model, max_waiting, {"self_test": entry.get("self_test"), "decode_ms": entry.get("decode_ms")})
+
+    def _write(self, model, max_waiting: int, entry: dict) -> None:
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             key = self._key(model, max_waiting)
-            entries = {k: v for k, v in self._read().items() if isinstance(v, dict) and _is_time(v.get("at"))}
-            entries[key] = {"at": time.time(), "self_test": self_test, "decode_ms": decode_ms}
-            newest = sorted(entries.items(), key=lambda kv: kv[1]["at"])
-            body = {"format": RECORD_FORMAT, "starts": dict(newest[-MAX_RECORDED:])}
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(body, f)
-            # Whole or not at all: a crash mid-write leaves the old record. Two workers (a model switch)
-            # writing at once can lose one's entry: it costs that one a self-test at its next start.
-            os.replace(tmp, self.path)
+            # Read, change, replace under an exclusive lock on a side file: two workers (a model switch)
+            # writing at once would otherwise each replace the file with its own view, losing the other's
+            # entry. The lock goes with the descriptor, so a crashed writer never leaves it held.
+            with open(f"{self.path}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                entries = {k: v for k, v in self._read().items() if isinstance(v, dict) and _is_time(v.get("at"))}
+                entries[key] = {"at": time.time(), **entry}
+                newest = sorted(entries.items(), key=lambda kv: kv[1]["at"])
+                body = {"format": RECORD_FORMAT, "starts": dict(newest[-MAX_RECORDED:])}
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(body, f)
+                os.replace(tmp, self.path)  # whole or not at all: a crash mid-write leaves the old record
         except Exception as exc:
             log.warning("start not recorded (%s: %s): the next start runs the self-test again", type(exc).__name__, exc)
             try:

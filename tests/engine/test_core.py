@@ -104,6 +104,8 @@ def test_a_start_like_a_recorded_one_skips_its_self_test_and_probe_another_runs_
     assert entry["self_test"] == ran and entry["decode_ms"] == table
     again, restored, probed = start()
     assert again["skipped"] and again["sequences"] == ran["sequences"] and not probed and restored == table
+    used = next(iter(json.loads(path.read_text())["starts"].values()))
+    assert used["at"] > entry["at"] and used["self_test"] == ran  # marked as used: the cap drops the least recent
     # Another CPU (as a VM moved to an AMX host; faked: this host's flags cannot be changed) runs both again,
     # and so does another setting in the key (the slots).
     real = start_record.hardware_identity()
@@ -115,6 +117,39 @@ def test_a_start_like_a_recorded_one_skips_its_self_test_and_probe_another_runs_
     assert "skipped" not in start(ModelConfig(path=model_path, n_ctx=1024, n_slots=1))[0]
     assert len(json.loads(path.read_text())["starts"]) == 3
     assert start()[0]["skipped"]
+
+
+def test_starts_recorded_at_once_keep_every_entry(tmp_path):
+    """Writers at once (two workers of a model switch) each read, change and replace the file: without
+    the lock one replaces the other's view and its entry is lost. Threads stand in for the processes
+    (flock excludes two open descriptions of one process as it does two processes), and each writer's
+    key is set directly, so no model is needed."""
+    import json
+    import threading
+
+    from edgellm.engine.start_record import MAX_RECORDED, StartRecord
+
+    path = tmp_path / "engine-start.json"
+    model = object()
+    writers = []
+    for i in range(8):
+        record = StartRecord(str(path))
+        record._keys[id(model)] = f"key-{i}"
+        writers.append(record)
+    barrier = threading.Barrier(len(writers))
+
+    def write(record: StartRecord) -> None:
+        barrier.wait()
+        for _ in range(20):
+            record.save(model, 16, {"sequences": 3}, None)
+
+    threads = [threading.Thread(target=write, args=(r,)) for r in writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(writers) <= MAX_RECORDED
+    assert sorted(json.loads(path.read_text())["starts"]) == sorted(f"key-{i}" for i in range(8))
 
 
 def test_a_start_record_that_is_not_one_counts_as_none(engine, tmp_path):
@@ -138,11 +173,12 @@ def test_a_start_record_that_is_not_one_counts_as_none(engine, tmp_path):
         StartRecord(str(path)).save(model, 16, ok, None)  # a pass replaces it
         assert StartRecord(str(path)).earlier(model, 16)["self_test"] == ok
         assert StartRecord(str(path)).earlier(model, 1) is None  # another self-test size: another key
-    assert [p.name for p in tmp_path.iterdir()] == ["engine-start.json"]  # no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine-start.json", "engine-start.json.lock"]  # no temp
     # An unwritable place: nothing recorded, nothing raised (the start goes on and tests the next time).
     blocked = StartRecord(str(path / "nested.json"))
     blocked.save(model, 16, ok, None)
-    assert blocked.earlier(model, 16) is None and [p.name for p in tmp_path.iterdir()] == ["engine-start.json"]
+    assert blocked.earlier(model, 16) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine-start.json", "engine-start.json.lock"]
     # A table that is not one is not restored: the probe runs instead.
     from edgellm.engine.decode_cost import DecodeCost
 
