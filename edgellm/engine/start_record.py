@@ -58,7 +58,7 @@ class StartRecord:
         return entry if isinstance(entry, dict) and isinstance(entry.get("self_test"), dict) else None
 
     def save(self, model, max_waiting: int, self_test: dict, decode_ms: dict[str, float] | None) -> None:
-        """Record a start whose self-test passed (the newest MAX_RECORDED kept); a failure is logged, never
+        """Record a start whose self-test passed (the MAX_RECORDED most recently used kept); a failure is logged, never
         fatal: the next start runs the self-test again."""
         self._write(model, max_waiting, {"self_test": self_test, "decode_ms": decode_ms})
 
@@ -79,8 +79,8 @@ class StartRecord:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 entries = {k: v for k, v in self._read().items() if isinstance(v, dict) and _is_time(v.get("at"))}
                 entries[key] = {"at": time.time(), **entry}
-                newest = sorted(entries.items(), key=lambda kv: kv[1]["at"])
-                body = {"format": RECORD_FORMAT, "starts": dict(newest[-MAX_RECORDED:])}
+                by_use = sorted(entries.items(), key=lambda kv: kv[1]["at"])
+                body = {"format": RECORD_FORMAT, "starts": dict(by_use[-MAX_RECORDED:])}
                 with open(tmp, "w", encoding="utf-8") as f:
                     json.dump(body, f)
                 os.replace(tmp, self.path)  # whole or not at all: a crash mid-write leaves the old record
