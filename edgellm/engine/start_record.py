@@ -35,6 +35,7 @@ from edgellm.engine.self_test import self_test_size
 
 RECORD_FORMAT = 1
 MAX_RECORDED = 16  # starts kept: a node sees few builds, CPUs and models
+LOCK_WAIT_S = 2.0  # a writer holds the lock for one read+write of a ~kB file; longer means it is stuck
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class StartRecord:
             # writing at once would otherwise each replace the file with its own view, losing the other's
             # entry. The lock goes with the descriptor, so a crashed writer never leaves it held.
             with open(f"{self.path}.lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                _lock_within(lock, LOCK_WAIT_S)
                 entries = {k: v for k, v in self._read().items() if isinstance(v, dict) and _is_time(v.get("at"))}
                 entries[key] = {"at": time.time(), **entry}
                 by_use = sorted(entries.items(), key=lambda kv: kv[1]["at"])
@@ -107,6 +108,20 @@ class StartRecord:
             return {}
         starts = body.get("starts") if isinstance(body, dict) and body.get("format") == RECORD_FORMAT else None
         return starts if isinstance(starts, dict) else {}
+
+
+def _lock_within(lock_file, wait_s: float) -> None:
+    """Take the exclusive lock, waiting at most `wait_s`: a writer frozen while holding it (SIGSTOP, a
+    hung filesystem under the state dir) must not hold this start, which then goes on unrecorded."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"record lock held by another writer for over {wait_s:g} s") from None
+            time.sleep(0.02)
 
 
 def _is_time(value: object) -> bool:

@@ -152,6 +152,41 @@ def test_starts_recorded_at_once_keep_every_entry(tmp_path):
     assert sorted(json.loads(path.read_text())["starts"]) == sorted(f"key-{i}" for i in range(8))
 
 
+def test_a_writer_stuck_holding_the_record_lock_never_holds_a_start(tmp_path, monkeypatch, caplog):
+    """A process frozen while it holds the lock (SIGSTOP, a hung filesystem): a real subprocess takes
+    it and stops itself. The next writer gives up after LOCK_WAIT_S (shortened here) and goes on with
+    its start unrecorded; once the holder is gone the next write is recorded."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from edgellm.engine import start_record
+    from edgellm.engine.start_record import StartRecord
+
+    path = tmp_path / "engine-start.json"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, signal, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); os.kill(os.getpid(), signal.SIGSTOP)", f"{path}.lock"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(start_record, "LOCK_WAIT_S", 0.3)
+        model = object()
+        record = StartRecord(str(path))
+        record._keys[id(model)] = "key-stuck"
+        record.save(model, 16, {"sequences": 3}, None)  # returns: the lock is never taken
+        assert not path.exists() and "start not recorded (TimeoutError" in caplog.text
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    record.save(model, 16, {"sequences": 3}, None)
+    assert list(json.loads(path.read_text())["starts"]) == ["key-stuck"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine-start.json", "engine-start.json.lock"]
+
+
 def test_a_start_record_that_is_not_one_counts_as_none(engine, tmp_path):
     from edgellm.engine.start_record import StartRecord
 
