@@ -51,6 +51,17 @@ ENGINE_START_FAILED = 3
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from edgellm.runtime import prestart
+
+    # Before the API's imports (~1 s): the engine worker starts and imports llama.cpp meanwhile.
+    prestart.prestart()
+    try:
+        return _serve_started(args)
+    finally:
+        prestart.discard()  # not taken: the settings were refused, or the engine never started
+
+
+def _serve_started(args: argparse.Namespace) -> int:
     import uvicorn
 
     from edgellm.runtime.app import create_app

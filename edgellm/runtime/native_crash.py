@@ -54,7 +54,7 @@ def _die_by_sigsegv() -> None:
 #   lets the first worker become ready, then writes "warm-up" there, and every restart crashes (as
 #   when the model file was replaced after boot), which the supervisor's bound on restarts must end.
 # - EDGELLM_TEST_STALL_AT=<phase>: the process sleeps forever there, as a worker does while llama.cpp
-#   loads a big model for minutes. Only the worker's parent-watch thread (supervisor._exit_with_parent)
+#   loads a big model for minutes. Only the worker's parent-watch thread (prestart.exit_with_parent)
 #   can then end it when the API process dies: no PHASE or READY send comes to fail with a broken pipe.
 CRASH_FILE_ENV = "EDGELLM_TEST_CRASH_FILE"
 STALL_AT_ENV = "EDGELLM_TEST_STALL_AT"

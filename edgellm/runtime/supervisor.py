@@ -29,7 +29,7 @@ from edgellm.compat import StrEnum
 from edgellm.engine.info import EngineInfo
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable
-from edgellm.runtime import ipc
+from edgellm.runtime import ipc, prestart
 from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, describe_exit
 
@@ -47,22 +47,10 @@ _ATTEMPT_MARGIN_S = 30.0
 def _worker_main(config: WorkerConfig, conn, api_pid: int) -> None:
     """The spawned process's entry point. llama.cpp is imported here, in the worker, never in the API
     process (which would pay its memory for nothing and could crash with it)."""
-    threading.Thread(target=_exit_with_parent, args=(api_pid,), name="parent-watch", daemon=True).start()
+    threading.Thread(target=prestart.exit_with_parent, args=(api_pid,), name="parent-watch", daemon=True).start()
     from edgellm.runtime.worker import run_worker
 
     run_worker(config, conn)
-
-
-def _exit_with_parent(api_pid: int) -> None:
-    """In the worker, from its first moment: exit once the API process is gone, even while llama.cpp is
-    still importing or loading a model (the worker's loop checks too, but only once it runs).
-
-    Not prctl(PR_SET_PDEATHSIG): it fires when the *thread* that spawned the worker ends, and a restart
-    spawns from the reader thread, which ends right after.
-    """
-    while os.getppid() == api_pid:
-        time.sleep(0.5)
-    os._exit(0)
 
 
 def _has_exited(proc: mp.process.BaseProcess) -> bool:
@@ -255,20 +243,33 @@ class WorkerEngine:
     def _spawn(self) -> None:
         """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message).
         Raises _StartFailed, the worker reaped, when it does not become READY."""
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=_worker_main, args=(self.config, child_conn, os.getpid()), name="edgellm-engine", daemon=True
-        )
+        # The first start of `edgellm serve` takes the worker it spawned before its own imports
+        # (runtime/prestart.py): started, its imports done or under way, waiting for this config.
+        prestarted = prestart.take()
+        if prestarted is not None:
+            proc, parent_conn = prestarted
+            child_conn = None
+        else:
+            parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+            proc = self._ctx.Process(
+                target=_worker_main, args=(self.config, child_conn, os.getpid()), name="edgellm-engine", daemon=True
+            )
         self.phase = "start-up"
         with self._lock:
             self._starting = proc
         try:
-            try:
-                proc.start()
-            except OSError as exc:  # no memory or pids left for another process: worth another attempt
-                raise _StartFailed(f"engine worker could not be spawned: {exc}") from None
-            finally:
-                child_conn.close()
+            if prestarted is not None:
+                try:
+                    parent_conn.send(self.config)
+                except (OSError, ValueError) as exc:  # it died since take(): reaped below, then another attempt
+                    raise _StartFailed(f"engine worker ended before it was given its config: {exc}") from None
+            else:
+                try:
+                    proc.start()
+                except OSError as exc:  # no memory or pids left for another process: worth another attempt
+                    raise _StartFailed(f"engine worker could not be spawned: {exc}") from None
+                finally:
+                    child_conn.close()
             msg = self._wait_ready(proc, parent_conn)
             with self._lock:
                 if self._stopping.is_set():  # close() ran while READY was on its way

@@ -276,7 +276,7 @@ def test_a_worker_that_cannot_be_restarted_after_a_crash_ends_serve_with_the_rea
 def test_a_starting_worker_dies_with_its_api_process(tmp_path):
     # The worker stalls inside loading (EDGELLM_TEST_STALL_AT, runtime/native_crash.py), as it does for
     # minutes with a big model: it sends nothing more, so no broken pipe can end it; only its parent
-    # watch (supervisor._exit_with_parent, polling every 0.5 s) can.
+    # watch (prestart.exit_with_parent, polling every 0.5 s) can.
     node = NodeProcess(tmp_path, env={"EDGELLM_TEST_STALL_AT": "loading"}).start(wait=False)
     try:
         pid, deadline = None, time.monotonic() + 60
@@ -365,3 +365,42 @@ def test_health_reads_a_dead_worker_without_reaping_it(model_path):
         assert engine.health()["worker_alive"] is False
     pid, status = os.waitpid(proc.pid, 0)  # still ours to reap (ChildProcessError if health reaped it)
     assert pid == proc.pid and os.waitstatus_to_exitcode(status) == 7
+
+
+@pytest.mark.slow
+def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not_kept(model_path):
+    """`edgellm serve` spawns its worker before the API's imports (runtime/prestart.py): the first start
+    runs that very process (its pid) given the config then; one that died meanwhile is passed over for a
+    fresh spawn; one nobody takes is killed and reaped by discard()."""
+    from edgellm.engine.config import ModelConfig
+    from edgellm.runtime import prestart
+    from edgellm.runtime.ipc import WorkerConfig
+    from edgellm.runtime.supervisor import EngineState, WorkerEngine
+
+    config = WorkerConfig(model=ModelConfig(path=model_path, n_ctx=1024, n_slots=1))
+    prestart.prestart()
+    waiting = prestart._prestarted[0].pid
+    engine = WorkerEngine(config, on_output=lambda outs: None)
+    try:
+        engine.start()
+        assert engine.state == EngineState.READY and engine._proc.pid == waiting
+        assert engine.info["n_slots"] == 1
+    finally:
+        engine.close()
+    assert prestart.take() is None and not alive(waiting)
+
+    prestart.prestart()
+    dead = prestart._prestarted[0]
+    dead.kill()
+    dead.join(10)
+    engine = WorkerEngine(config, on_output=lambda outs: None)
+    try:
+        engine.start()
+        assert engine.state == EngineState.READY and engine._proc.pid != dead.pid
+    finally:
+        engine.close()
+
+    prestart.prestart()
+    unused = prestart._prestarted[0].pid
+    prestart.discard()
+    assert prestart.take() is None and not alive(unused)
