@@ -424,13 +424,16 @@ def plan_memory(
     return make(slots, slots * slot_min, True)  # does not fit: report the minimum it would need
 
 
-def default_budget_bytes(meminfo_path: str | Path = "/proc/meminfo", share: float = 0.75) -> int:
+def default_budget_bytes(
+    meminfo_path: str | Path = "/proc/meminfo", share: float = 0.75, meminfo_text: str | None = None
+) -> int:
     """A share of MemAvailable: on a Jetson the GPU allocates from the same memory as the CPU, so this is
     the pool for weights, KV cache and buffers alike. The rest is left to the CUDA runtime, the OS and
-    whatever else runs on the board."""
+    whatever else runs on the board. `meminfo_text`: a reading taken earlier (serve's, before its engine
+    worker began allocating: that worker is planned for in DEFAULT_OVERHEAD_BYTES)."""
     if not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share}")
-    text = Path(meminfo_path).read_text()
+    text = meminfo_text if meminfo_text is not None else Path(meminfo_path).read_text()
     match = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.MULTILINE)
     if match is None:
         raise ValueError(f"{meminfo_path}: no MemAvailable line (kernel older than 3.14?); set memory_budget")

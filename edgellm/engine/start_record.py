@@ -111,8 +111,8 @@ class StartRecord:
 
 
 def _lock_within(lock_file, wait_s: float) -> None:
-    """Take the exclusive lock, waiting at most `wait_s`: a writer frozen while holding it (SIGSTOP, a
-    hung filesystem under the state dir) must not hold this start, which then goes on unrecorded."""
+    """Take the exclusive lock, waiting at most `wait_s`: a writer frozen while holding it (SIGSTOP, or
+    stuck in its write) must not hold this start, which then goes on unrecorded."""
     deadline = time.monotonic() + wait_s
     while True:
         try:

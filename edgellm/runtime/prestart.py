@@ -9,18 +9,34 @@ takes it with `take()` and sends the config; every later start (a restart after 
 switch) spawns a fresh worker as before. One nobody took is killed (`discard()`), and exits by itself
 when the API process is gone.
 
+The memory budget's default (a share of MemAvailable, engine/memory_plan.py) reads /proc/meminfo as
+it was before the prestart (`meminfo_before()`): the worker's imports, already under way when the
+settings are planned, would otherwise be taken off the budget by how far they got, and counted twice
+(the plan's overhead holds the worker).
+
 This module imports nothing heavy: it runs before the imports it overlaps.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import threading
 import time
 
+from edgellm.runtime.native_crash import describe_exit
+
+log = logging.getLogger(__name__)
+
 _prestarted: tuple[mp.process.BaseProcess, object] | None = None  # (process, the API's end of its pipe)
+_meminfo_before: str | None = None
 _lock = threading.Lock()
+
+
+def meminfo_before() -> str | None:
+    """/proc/meminfo as read just before the prestart; None without one (not serve, or no /proc)."""
+    return _meminfo_before
 
 
 def exit_with_parent(api_pid: int) -> None:
@@ -49,11 +65,16 @@ def _prestarted_main(conn, api_pid: int) -> None:
 
 def prestart() -> None:
     """Spawn the worker-in-waiting (once; a failure to spawn only means the first start spawns as usual)."""
-    global _prestarted
+    global _prestarted, _meminfo_before
     ctx = mp.get_context("spawn")
     with _lock:
         if _prestarted is not None:
             return
+        try:
+            with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+                _meminfo_before = f.read()
+        except OSError:
+            _meminfo_before = None
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=_prestarted_main, args=(child_conn, os.getpid()), name="edgellm-engine", daemon=True)
         try:
@@ -76,7 +97,9 @@ def take() -> tuple[mp.process.BaseProcess, object] | None:
         return None
     proc, conn = taken
     if proc.exitcode is not None:  # died before it was needed (killed, out of memory): not a start attempt
+        log.warning("the prestarted engine worker %s before its start; spawning another", describe_exit(proc.exitcode))
         conn.close()
+        proc.close()
         return None
     return taken
 

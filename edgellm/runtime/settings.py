@@ -44,6 +44,7 @@ from edgellm.engine.memory_plan import (
 )
 from edgellm.errors import EdgeLLMError
 from edgellm.media.limits import MediaLimits, MediaSources
+from edgellm.runtime import prestart
 from edgellm.runtime.presets import PresetError, load_preset
 
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -360,7 +361,11 @@ class Settings(BaseSettings):
                     f"n_ctx/n_slots auto need the model's metadata, unreadable in {path}: {exc}"
                 ) from None
             raise _NoPlan from None  # explicit sizes: llama.cpp itself says what is wrong with the file
-        budget = parse_size(self.memory_budget) if self.memory_budget else default_budget_bytes()
+        budget = (
+            parse_size(self.memory_budget)
+            if self.memory_budget
+            else default_budget_bytes(meminfo_text=prestart.meminfo_before())  # not less the worker's imports
+        )
         plan = plan_memory(
             shape,
             budget_bytes=budget,

@@ -261,8 +261,8 @@ class WorkerEngine:
             if prestarted is not None:
                 try:
                     parent_conn.send(self.config)
-                except (OSError, ValueError) as exc:  # it died since take(): reaped below, then another attempt
-                    raise _StartFailed(f"engine worker ended before it was given its config: {exc}") from None
+                except (OSError, ValueError):  # it died since take(): how, in the usual words; another attempt
+                    raise self._ended(proc) from None
             else:
                 try:
                     proc.start()

@@ -1,9 +1,10 @@
 """The engine worker process: owns the engine core, drains the pipe and steps it.
 
-Spawned by the supervisor with its `WorkerConfig` as the argument (uvicorn's pattern); it sets up
-its own logging and talks over one duplex Pipe in the typed messages of runtime/ipc.py: Phase while
-it starts, then Ready. It exits when the API process goes away (a thread started in
-supervisor._worker_main watches for that from the first moment).
+Spawned by the supervisor with its `WorkerConfig` as the argument (uvicorn's pattern), or, for serve's
+first start, spawned early and handed it over the pipe (runtime/prestart.py); it sets up its own
+logging and talks over one duplex Pipe in the typed messages of runtime/ipc.py: Phase while it starts,
+then Ready. It exits when the API process goes away (prestart.exit_with_parent, a thread started from
+the process's first moment, watches for that).
 """
 
 from __future__ import annotations

@@ -160,6 +160,7 @@ def test_a_writer_stuck_holding_the_record_lock_never_holds_a_start(tmp_path, mo
     import signal
     import subprocess
     import sys
+    import threading
 
     from edgellm.engine import start_record
     from edgellm.engine.start_record import StartRecord
@@ -177,7 +178,10 @@ def test_a_writer_stuck_holding_the_record_lock_never_holds_a_start(tmp_path, mo
         model = object()
         record = StartRecord(str(path))
         record._keys[id(model)] = "key-stuck"
-        record.save(model, 16, {"sequences": 3}, None)  # returns: the lock is never taken
+        saving = threading.Thread(target=record.save, args=(model, 16, {"sequences": 3}, None), daemon=True)
+        saving.start()
+        saving.join(60)  # a blocking lock would wait for the stopped holder forever: fail, not hang
+        assert not saving.is_alive(), "save waited on a lock held by a stopped process"
         assert not path.exists() and "start not recorded (TimeoutError" in caplog.text
     finally:
         holder.send_signal(signal.SIGKILL)

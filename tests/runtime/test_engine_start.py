@@ -368,7 +368,7 @@ def test_health_reads_a_dead_worker_without_reaping_it(model_path):
 
 
 @pytest.mark.slow
-def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not_kept(model_path):
+def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not_kept(model_path, monkeypatch):
     """`edgellm serve` spawns its worker before the API's imports (runtime/prestart.py): the first start
     runs that very process (its pid) given the config then; one that died meanwhile is passed over for a
     fresh spawn; one nobody takes is killed and reaped by discard()."""
@@ -377,6 +377,7 @@ def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not
     from edgellm.runtime.ipc import WorkerConfig
     from edgellm.runtime.supervisor import EngineState, WorkerEngine
 
+    monkeypatch.setattr(prestart, "_meminfo_before", None)  # its reading must not outlive this test
     config = WorkerConfig(model=ModelConfig(path=model_path, n_ctx=1024, n_slots=1))
     prestart.prestart()
     waiting = prestart._prestarted[0].pid
@@ -391,12 +392,14 @@ def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not
 
     prestart.prestart()
     dead = prestart._prestarted[0]
+    dead_pid = dead.pid  # take() closes the Process object of a dead one
     dead.kill()
     dead.join(10)
     engine = WorkerEngine(config, on_output=lambda outs: None)
     try:
         engine.start()
-        assert engine.state == EngineState.READY and engine._proc.pid != dead.pid
+        # Passed over at take(), not tried: a dead one handed over would fail attempt 1 and start attempt 2.
+        assert engine.state == EngineState.READY and engine._proc.pid != dead_pid and engine.attempt == 1
     finally:
         engine.close()
 
@@ -404,3 +407,5 @@ def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not
     unused = prestart._prestarted[0].pid
     prestart.discard()
     assert prestart.take() is None and not alive(unused)
+    with pytest.raises(ChildProcessError):  # reaped, not left a zombie
+        os.waitpid(unused, os.WNOHANG)

@@ -104,3 +104,15 @@ def test_serve_refuses_to_start_when_the_model_does_not_fit(tmp_path):
     assert "does not fit the memory budget" in out.stderr and "raise memory_budget" in out.stderr
     assert "Traceback" not in out.stderr
     assert not list(tmp_path.iterdir())  # refused before the registry was opened
+
+
+def test_the_default_budget_reads_memory_as_it_was_before_the_prestarted_worker(monkeypatch):
+    """serve reads /proc/meminfo just before it spawns the worker early (runtime/prestart.py): the plan's
+    default budget is a share of that reading, not of one that the worker's imports already lowered."""
+    from edgellm.runtime import prestart
+
+    monkeypatch.setattr(prestart, "_meminfo_before", "MemTotal: 8000000 kB\nMemAvailable: 4194304 kB\n")
+    plan = load_settings(None).memory_plan()
+    assert plan.budget_bytes == int(4194304 * 1024 * 0.75)
+    monkeypatch.setattr(prestart, "_meminfo_before", None)  # no prestart: the live reading
+    assert load_settings(None).memory_plan().budget_bytes != int(4194304 * 1024 * 0.75)
