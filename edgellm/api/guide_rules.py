@@ -74,7 +74,11 @@ def normalize_response_format(value: Any) -> dict[str, Any] | None:
     problem = json_problem(schema, "response_format schema", max_depth=MAX_SCHEMA_DEPTH)
     if problem:
         raise InvalidRequest(problem, param="response_format")
-    return {"type": "json_object", "schema": schema}
+    strict = nested.get("strict") if isinstance(nested, dict) else value.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise InvalidRequest("response_format json_schema.strict must be true or false", param="response_format")
+    # strict: what the schema asks that generation cannot enforce is refused, not checked after
+    return {"type": "json_object", "schema": schema, **({"strict": True} if strict else {})}
 
 
 def guided_decoding(value: Any) -> GuideSpec | None:

@@ -37,6 +37,9 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_cause: StopCause | None = None  # with FinishReason.STOP: end-of-sequence, stop string or grammar
     truncated_structure: bool = False  # the budget ran short: the JSON was closed the shortest valid way
+    guide_notes: list[str] = field(default_factory=list)  # what of the schema generation did not enforce
+    schema_error: str | None = None  # why the answer fails the whole schema (checked after generation)
+    guided_incomplete: bool = False  # cut before its guide could end: partial, not conforming
     index: int = 0  # which of the request's n samples `delta` belongs to
     # `delta` read as OpenAI message deltas ({"content"}, {"reasoning_content"}, {"tool_calls"}: api/reply.py)
     events: list[dict] = field(default_factory=list)
@@ -90,6 +93,9 @@ class TextState:
             cached_tokens=out.cached_tokens,
             stop_cause=cause,
             truncated_structure=out.truncated_structure,
+            guide_notes=out.guide_notes,
+            schema_error=out.schema_error,
+            guided_incomplete=out.guided_incomplete,
             index=out.index,
             events=events,
             message=self.reader.message() if out.finished else None,

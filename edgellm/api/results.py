@@ -59,6 +59,14 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
     }
     if out.truncated_structure:  # edgellm's field: the JSON parses, but was closed early to fit max_tokens
         completion["truncated_structure"] = True
+    if out.guide_notes:  # what of the schema generation did not enforce; the whole schema was checked after
+        completion["x_edgellm"] = {"guide_notes": list(out.guide_notes)}
+        completion["schema_valid"] = not any(s.schema_error for s in samples)
+    if out.guided_incomplete:  # cut before the guide could end (OpenAI-shaped routes answer it, "length")
+        completion["guided_incomplete"] = True
+    if out.schema_error:  # edgellm's field: the answer parses but fails the schema; never presented as valid
+        completion["schema_valid"] = False
+        completion["schema_error"] = out.schema_error
     return {
         "REQUEST_ID": request_id,
         "MODEL_NAME": model_name,
@@ -96,6 +104,11 @@ def _choice(index: int, sample: RequestOutput) -> dict[str, Any]:
     }
     if sample.truncated_structure and index:  # sample 0's flag is the completion's own (above)
         choice["truncated_structure"] = True
+    if sample.guided_incomplete:
+        choice["guided_incomplete"] = True
+    if sample.schema_error:
+        choice["schema_valid"] = False
+        choice["schema_error"] = sample.schema_error
     return choice
 
 

@@ -15,11 +15,12 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from edgellm.api import model_routes
 from edgellm.api.auth import Authenticator
+from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.metrics import ServiceMetrics, live_state
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
@@ -35,7 +36,6 @@ from edgellm.api.submission import (
 )
 from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.chat_format import ChatFormat
-from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.interface import EngineClient
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
 from edgellm.errors import (
@@ -121,6 +121,7 @@ class Service:
         self.engine: EngineClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests = RequestTable()  # one RequestState per live request of this process
+        self.guides = shared_pool()  # guide compiles and checks, off the event loop, under a budget
         self.requests.on_retry = registry.bump_attempts  # a delivery's attempts, kept durably
         self.outputs = OutputProcessor(self.requests)  # engine byte deltas -> text, stop strings, stream deltas
         self.started_at = time.time()
@@ -199,18 +200,21 @@ class Service:
         return self.config.model_name
 
     # -- submit ------------------------------------------------------------------------------
-    async def parse(self, body: Any) -> ChatRequest:
-        """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits."""
+    async def parse(self, body: Any, disconnected: Callable[[], Awaitable[bool]] | None = None) -> ChatRequest:
+        """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits.
+        `disconnected`: the client's state, for dropping a guide check nobody waits for."""
         request = parse_chat_request(body, **self.config.limits())
         request = model_routes.route(request, self.config.routes(), strict=False)
-        await self.check_engine_limits(request)
+        await self.check_engine_limits(request, disconnected)
         return await self._load_media(request)
 
-    async def parse_openai(self, body: Any) -> tuple[ChatRequest, OpenAIOptions]:
+    async def parse_openai(
+        self, body: Any, disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> tuple[ChatRequest, OpenAIOptions]:
         """An OpenAI chat-completions body -> a validated request and the response options."""
         request, opts = parse_openai_request(body, self.config.model_ids(), **self.config.limits())
         request = model_routes.route(request, self.config.routes(), strict=True)
-        await self.check_engine_limits(request)
+        await self.check_engine_limits(request, disconnected)
         return await self._load_media(request), opts
 
     async def _load_media(self, request: ChatRequest) -> ChatRequest:
@@ -235,21 +239,27 @@ class Service:
         info = self.media_info()
         return MediaCaps.from_dict(info) if info else None
 
-    async def check_engine_limits(self, request: ChatRequest) -> None:
-        """What only the engine knows: the guide compiles (cached), bias token ids are in the vocabulary.
+    async def check_engine_limits(
+        self, request: ChatRequest, disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> None:
+        """What only the engine knows: the guides compile and can be completed, bias token ids are in the
+        vocabulary. A bad schema/regex/grammar (the request's own or a tool's) is a 400 now, not a failure
+        mid-run.
 
-        A bad schema/regex/grammar is a 400 now, not a failure mid-run. The first check of a new
-        guide can take a few hundred ms, so it runs off the event loop.
+        The guides are checked after the body's own checks and after admission (a full node refuses
+        before compiling anything), in the guide pool's child processes under the request's CPU and
+        memory budget (api/guide_pool.py), and the check is dropped when `disconnected()` says the client
+        is gone: a hostile schema holds neither the event loop nor the API's memory.
         """
-        if request.guide is not None:
-            await asyncio.to_thread(self.check_engine_limits_now, request)
-        else:
-            self.check_engine_limits_now(request)
+        checks = request_checks(request)
+        if checks:
+            self._refuse_when_full()
+            await self.guides.check(checks, disconnected)
+        check_vocabulary(request, self.engine_info(request.model).get("n_vocab"))
 
     def check_engine_limits_now(self, request: ChatRequest) -> None:
         """check_engine_limits, blocking (a thread's caller: a peer's delegated request, fleet/balancer.py)."""
-        if request.guide is not None:
-            grammar_for(request.guide)
+        self.guides.check_now(request_checks(request))
         check_vocabulary(request, self.engine_info(request.model).get("n_vocab"))
 
     def named_model(self, body: Any) -> str | None:

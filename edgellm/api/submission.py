@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.model_routes import ModelRoute
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.reply import PLAIN, ReplySpec
@@ -24,7 +25,6 @@ from edgellm.api.validation import (
     ChatRequest,
 )
 from edgellm.engine.chat_format import ChatFormat, ToolFormat
-from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.types import EngineRequest, ThinkingSpec
 from edgellm.errors import InvalidRequest
 from edgellm.media.limits import MediaLimits, MediaSources
@@ -84,8 +84,7 @@ def parse_openai_now(body: Any, config: ServiceConfig, n_vocab: int | None) -> t
     """`Service.parse_openai` without a service or an event loop (`edgellm batch-run --local`): the same
     rules in the same order (body, then the guide compiles, then the vocabulary), the same errors."""
     request, opts = parse_openai_request(body, config.model_name, **config.limits())
-    if request.guide is not None:
-        grammar_for(request.guide)
+    shared_pool().check_now(request_checks(request))
     check_vocabulary(request, n_vocab)
     return request, opts
 

@@ -4,7 +4,8 @@ tool-call turns of a conversation, `reasoning_format`, `chat_template_kwargs` an
 OpenAI's shapes, checked here and kept normalised in the ChatRequest (and so in the registry): a tool is
 `{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`, an assistant
 turn's call `{"id", "type": "function", "function": {"name", "arguments": "<JSON object text>"}}`. Every
-rule raises InvalidRequest naming the field; a parameters schema llguidance refuses is a 400 here too.
+rule raises InvalidRequest naming the field; a parameters schema llguidance refuses is a 400 too, found by
+the guide pool (api/guide_pool.py) after the body's checks.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from edgellm import jsonsafe
 from edgellm.api.display import kind_of, show, show_name
 from edgellm.api.json_values import has_surrogate, json_problem, json_size
 from edgellm.engine.chat_format import RESERVED_TEMPLATE_NAMES
-from edgellm.engine.guide_llguidance import MAX_GUIDE_BYTES, grammar_for
-from edgellm.engine.types import GuideKind, GuideSpec
-from edgellm.errors import GuideError, InvalidRequest
+from edgellm.engine.guide_llguidance import MAX_GUIDE_BYTES
+from edgellm.errors import InvalidRequest
 
 MAX_TOOLS = 128
 MAX_TOOL_SCHEMA_DEPTH = 64
@@ -88,10 +88,8 @@ def _check_schema(schema: Any, where: str) -> None:
         raise InvalidRequest(problem, param="tools")
     if schema.get("type", "object") != "object":
         raise InvalidRequest(f'{where} must describe an object ("type": "object")', param="tools")
-    try:
-        grammar_for(GuideSpec(GuideKind.JSON_SCHEMA, schema))
-    except GuideError as exc:
-        raise InvalidRequest(f"{where} is not a usable schema: {exc.message}", param="tools") from None
+    # Whether llguidance compiles it is checked later, off the event loop and under the request's budget,
+    # with the request's other guides (api/guide_pool.py: request_checks).
 
 
 def tool_choice(value: Any, declared: list[dict[str, Any]]) -> str | dict[str, Any]:

@@ -57,6 +57,7 @@ from edgellm.api.completions_compat import (
     prompt_text,
 )
 from edgellm.api.embeddings_compat import EmbeddingsCall, embeddings_body, parse_embeddings
+from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
 from edgellm.api.output_processor import RequestOutput
 from edgellm.api.service import (
@@ -72,7 +73,6 @@ from edgellm.batch.http_client import answer_outcome, wire_body
 from edgellm.batch.inputs import COMPLETIONS_URL, EMBEDDINGS_URL, url_of
 from edgellm.batch.transport import Deliver
 from edgellm.engine.config import ModelConfig
-from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
 from edgellm.errors import EdgeLLMError, WaitTimeout, error_from
 from edgellm.media.types import MediaCaps
@@ -144,8 +144,7 @@ class LocalTransport:
             max_prompts=max(1, min(MAX_PROMPTS, self.config.max_queued)),
             **self.config.limits(),
         )
-        if chats[0].guide is not None:
-            grammar_for(chats[0].guide)
+        shared_pool().check_now(request_checks(chats[0]))
         check_vocabulary(chats[0], model.n_vocab)
         echoes = []
         if opts.echo:  # token prompts: their text as the engine's DETOKENIZE task gives it

@@ -13,14 +13,20 @@ defect 7), all of which used to fail at the first token or run to max_tokens:
   produce that within max_tokens;
 - grammars with no finite output (`{"$ref": "#"}` accepts nothing; a required property that
   refers to its own object never ends), or whose smallest output exceeds MIN_OUTPUT_BUDGET bytes.
-  Found by walking a matcher over a byte-level tokenizer towards the shortest completion.
+  Found by walking a matcher over a byte-level tokenizer towards a short completion; where that greedy
+  walk finds no way out of a JSON schema, the schema's shortest instance decides (engine/schema_size.py),
+  so a large finite schema is not refused for the walk's sake.
 Error messages carry llguidance's first line only: the rest is an internal parser state dump.
+
+In the API process these checks never run on the event loop or in its own threads: api/guide_pool.py runs
+them in a child process (engine/guide_sandbox.py) under a CPU and memory budget.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import warnings
@@ -32,6 +38,7 @@ import numpy as np
 from llguidance import LLMatcher
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from edgellm.engine.schema_size import shortest_instance_bytes
 from edgellm.engine.types import GuideKind, GuideSpec, ThinkingSpec
 from edgellm.errors import GuideError
 
@@ -46,10 +53,28 @@ MAX_REPEAT = 10_000
 MIN_OUTPUT_BUDGET = 16 * 1024
 _MESSAGE_CHARS = 200
 _MIN_COUNT_KEYS = ("minLength", "minItems", "minProperties", "minContains")
-# Keywords whose values are JSON data, not subschemas: a {"pattern": ...} in an example is no regex.
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
-# Compact JSON: a small model given free whitespace tends to pad output with newlines forever.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Compact JSON: a small model given free whitespace tends to pad output with newlines forever. Every
+# option is pinned: a schema's own "x-guidance" is applied before these and would otherwise choose them
+# (free whitespace, escapes). `lenient`: keywords llguidance cannot enforce while generating (uniqueItems,
+# not, if/then/else, dependentRequired, ...) and formats it does not know are left out of the grammar,
+# not refused; the whole schema is checked after generation (engine/schema_check.py) and `strict`
+# requests refuse them (guide_notes). `coerce_one_of`: a oneOf whose branches llguidance cannot prove
+# disjoint is generated as anyOf (the check after generation catches an output that matches two).
+JSON_OPTIONS = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "whitespace_pattern": None,
+    "coerce_one_of": True,
+    "lenient": True,
+    "json_allowed_escapes": None,
+    "json_allow_general_unicode_escapes": False,
+}
+# Keywords whose values are JSON data, not subschemas: a {"pattern": ...} in an example is no regex.
+# patternProperties of one object: llguidance proves them pairwise disjoint at compile, at a cost that
+# grows about as N^4 (80: 25 ms, 160: 0.4 s, 320: 8 s measured); more than this is refused up front.
+MAX_PATTERN_PROPERTIES = 64
 
 
 def _spec_text(spec: GuideSpec) -> str:
@@ -58,7 +83,7 @@ def _spec_text(spec: GuideSpec) -> str:
     if spec.kind is GuideKind.JSON_SCHEMA:
         if not isinstance(spec.spec, dict):
             raise GuideError("json_schema must be a JSON object (a dict)")
-        return json.dumps(spec.spec, sort_keys=True)
+        return json.dumps(as_generated(spec.spec), sort_keys=True)
     if spec.kind is GuideKind.CHOICE:
         if not isinstance(spec.spec, list) or not spec.spec or not all(isinstance(c, str) and c for c in spec.spec):
             raise GuideError("choice must be a non-empty list of non-empty strings")
@@ -68,6 +93,69 @@ def _spec_text(spec: GuideSpec) -> str:
     if not isinstance(spec.spec, str) or not spec.spec.strip():
         raise GuideError(f"{spec.kind.value} must be a non-empty string")
     return spec.spec
+
+
+# Type names function-calling data sets and other languages' generators write (Berkeley's function-calling
+# leaderboard: "dict", "float", "tuple"; Java/JS: "String", "long"), read as the JSON schema type they mean.
+TYPE_ALIASES = {
+    "dict": "object", "float": "number", "double": "number", "long": "integer", "int": "integer",
+    "tuple": "array", "list": "array", "bool": "boolean", "str": "string",
+    "String": "string", "Boolean": "boolean", "Integer": "integer", "Number": "number", "Object": "object",
+    "Array": "array",
+}  # fmt: skip
+# JSON's safe integers: llguidance cannot build the regex of a range bounded by an int64 limit
+# (`minimum: -9223372036854775808`, common in Kubernetes and OpenAPI schemas); a model writes no such number
+# anyway, and every value generated within the clamp satisfies the original bound.
+_SAFE_INT = 2**53
+_DIALECTS = ("json-schema.org/draft-04/", "json-schema.org/draft-06/", "json-schema.org/draft-07/",
+             "json-schema.org/draft/2019-09/", "json-schema.org/draft/2020-12/")  # fmt: skip
+
+
+def as_generated(schema: dict) -> dict:
+    """The schema llguidance is given: the client's, with what it would refuse for no reason of the
+    schema's own read as meant: a `$schema` naming a dialect it does not bundle (Snowplow's self-describing
+    schemas, Kubernetes' "http://json-schema.org/schema#") dropped, so the default dialect applies; the
+    TYPE_ALIASES read as JSON types; integer bounds beyond +-2^53 clamped. The answer is still checked
+    against the client's own schema (engine/schema_check.py)."""
+    out = _as_generated(schema, 0)
+    meta = out.get("$schema")
+    if isinstance(meta, str) and not any(d in meta for d in _DIALECTS):
+        out = {k: v for k, v in out.items() if k != "$schema"}
+    return out
+
+
+# Keywords whose value maps names to subschemas: its keys are property or definition names, not keywords.
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _as_generated(node: object, depth: int, names: bool = False) -> object:
+    if isinstance(node, list):
+        return [_as_generated(item, depth + 1) for item in node]
+    if not isinstance(node, dict) or depth > 128:
+        return node
+    if names:  # {"default": {...schema...}}: a property named like a keyword
+        return {key: _as_generated(value, depth + 1) for key, value in node.items()}
+    out = {}
+    for key, value in node.items():
+        if key in _NAME_MAPS:
+            out[key] = _as_generated(value, depth + 1, names=True)
+        elif key in _DATA_KEYS:
+            out[key] = value
+        elif key == "type" and value == "any":
+            continue  # an older dialect's word for no type constraint
+        elif key == "type" and isinstance(value, str):
+            out[key] = TYPE_ALIASES.get(value, value)
+        elif key == "type" and isinstance(value, list):
+            out[key] = [TYPE_ALIASES.get(v, v) if isinstance(v, str) else v for v in value]
+        elif key == "format" and value in ("int64", "uint64"):
+            continue  # llguidance reads it as the int64 range, the bound it cannot build (see _SAFE_INT)
+        elif key in ("minimum", "exclusiveMinimum") and isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = max(value, -_SAFE_INT) if value < -_SAFE_INT else value
+        elif key in ("maximum", "exclusiveMaximum") and isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = min(value, _SAFE_INT) if value > _SAFE_INT else value
+        else:
+            out[key] = _as_generated(value, depth + 1)
+    return out
 
 
 def _structural_tag(spec: object) -> dict:
@@ -123,11 +211,20 @@ def _structural_tag_lark(spec: dict) -> str:
     return "\n".join(["%llguidance {}", f"start: ({tags})* TEXT", "TEXT: /(.|\\n)*/", *rules]) + "\n"
 
 
-def grammar_for(spec: GuideSpec) -> str:
+def grammar_for(spec: GuideSpec, *, strict: bool = False) -> str:
     """The llguidance grammar for a spec, checked as at submit (see the module doc); raises GuideError
-    with a short message a client can act on."""
+    with a short message a client can act on. `strict` (OpenAI's word, on a json_schema): a schema with
+    parts that are not enforced while generating (guide_notes) is refused, naming every one of them."""
     grammar = _grammar(spec)
-    _check_completes(spec.kind, grammar)
+    if strict:
+        notes = guide_notes(spec)
+        if notes:
+            listed = "; ".join(notes)
+            raise GuideError(
+                f"strict json_schema has what cannot be enforced while generating: {listed[:600]}. Send "
+                "strict: false to have these checked after generation instead"
+            )
+    _check_completes(spec, grammar)
     return grammar
 
 
@@ -166,7 +263,7 @@ def _grammar(spec: GuideSpec) -> str:
     text = _spec_text(spec)
     if len(text.encode("utf-8")) > MAX_GUIDE_BYTES:
         raise GuideError(f"{spec.kind.value} guide is {len(text.encode())} bytes; the limit is {MAX_GUIDE_BYTES}")
-    return _compile_cached(spec.kind, text)
+    return _compile_cached(spec.kind, text)[0]
 
 
 def short_error(message: str) -> str:
@@ -182,8 +279,60 @@ def short_error(message: str) -> str:
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
+def guide_notes(spec: GuideSpec) -> list[str]:
+    """What of a JSON schema is not enforced while generating (llguidance's warnings, each placed by its
+    JSON pointer): "uniqueItems at /properties/tags is checked after generation", "oneOf at /x is generated
+    as anyOf", "format 'foo' at /y is generated as a plain string". [] for a fully enforced guide."""
+    if spec.kind is not GuideKind.JSON_SCHEMA:
+        return []
+    _, warnings = _compile_cached(spec.kind, _spec_text(spec))
+    return schema_gaps(spec.spec, warnings)
+
+
+def schema_gaps(schema: object, warnings: tuple[str, ...]) -> list[str]:
+    keys: set[str] = set()
+    formats: set[str] = set()
+    one_of = False
+    for warning in warnings:
+        if warning.startswith("Unimplemented keys:"):
+            try:
+                keys.update(json.loads(warning.split(":", 1)[1]))
+            except ValueError:
+                pass
+        elif warning.startswith("Unknown format:"):
+            formats.add(warning.split(":", 1)[1].strip())
+        elif "oneOf" in warning:
+            one_of = True
+    notes: list[str] = []
+    stack: list[tuple[object, str]] = [(schema, "")]
+    while stack and len(notes) < 64:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{path}/{i}") for i, item in reversed(list(enumerate(node))))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in _DATA_KEYS:
+                continue
+            at = path or "/"
+            if key in keys:
+                notes.append(f"{key} at {at} is not enforced while generating (checked after)")
+            elif key == "format" and isinstance(value, str) and value in formats:
+                notes.append(f"format {value!r} at {at} is unknown: generated as a plain string")
+            elif key == "oneOf" and one_of:
+                notes.append(f"oneOf at {at} is generated as anyOf (checked after)")
+            elif key == "type" and isinstance(value, str) and value in TYPE_ALIASES:
+                notes.append(f"type {value!r} at {at} is read as {TYPE_ALIASES[value]!r}")
+            if isinstance(value, dict | list):
+                pointer = key.replace("~", "~0").replace("/", "~1")
+                stack.append((value, f"{path}/{pointer}"))
+    return notes
+
+
 @lru_cache(maxsize=256)
-def _compile_cached(kind: GuideKind, text: str) -> str:
+def _compile_cached(kind: GuideKind, text: str) -> tuple[str, tuple[str, ...]]:
+    """(the grammar, llguidance's warnings about it)."""
     _check_counts(kind, text)
     try:
         if kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
@@ -201,7 +350,7 @@ def _compile_cached(kind: GuideKind, text: str) -> str:
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise GuideError(f"invalid {kind.value} guide: {short_error(messages[0] if messages else '')}")
-    return grammar
+    return grammar, tuple(short_error(m) for m in messages)
 
 
 # -- cheap pre-scan: counted repetitions and schema minimum counts ------------------------------------
@@ -332,11 +481,59 @@ def _check_schema_counts(schema: object) -> None:
             _check_regex(pattern, f"json_schema {path}.pattern")
         props = node.get("patternProperties")
         if isinstance(props, dict):
+            if len(props) > MAX_PATTERN_PROPERTIES:
+                raise GuideError(
+                    f"json_schema {path}.patternProperties has {len(props)} patterns; the limit is "
+                    f"{MAX_PATTERN_PROPERTIES} (each pair is proved disjoint at compile: the cost grows as the "
+                    "count to the fourth power)"
+                )
             for key in props:
                 _check_regex(key, f"json_schema {path}.patternProperties key")
         for key, value in node.items():
             if key not in _DATA_KEYS and isinstance(value, dict | list):
                 stack.append((value, f"{path}.{key}"))
+
+
+def cost_summary(spec: GuideSpec) -> str:
+    """What in a guide drives llguidance's compile cost, in words (for a refusal past the time or memory
+    budget): counts of patternProperties, alternatives, properties, counted lengths and repetitions.
+    "" when nothing stands out. Cheap: one walk of the spec, no compile."""
+    if spec.kind in (GuideKind.REGEX, GuideKind.EBNF) and isinstance(spec.spec, str):
+        product = repeat_product(spec.spec, grammar=spec.kind is GuideKind.EBNF)
+        return f"counted repetitions up to {product}" if product > 1 else ""
+    roots: list[object] = [spec.spec] if spec.kind is GuideKind.JSON_SCHEMA else []
+    if spec.kind is GuideKind.STRUCTURAL_TAG and isinstance(spec.spec, dict):
+        roots = [st.get("schema") for st in spec.spec.get("structures") or [] if isinstance(st, dict)]
+    totals = {"patternProperties": 0, "anyOf/oneOf alternatives": 0, "properties": 0, "counted lengths": 0}
+    repeat = 1
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in _DATA_KEYS:
+                continue
+            if key == "patternProperties" and isinstance(value, dict):
+                totals["patternProperties"] += len(value)
+                repeat = max([repeat, *(repeat_product(k) for k in value)])
+            elif key in ("anyOf", "oneOf") and isinstance(value, list):
+                totals["anyOf/oneOf alternatives"] += len(value)
+            elif key == "properties" and isinstance(value, dict):
+                totals["properties"] += len(value)
+            elif key in ("minLength", "maxLength", "minItems", "maxItems") and isinstance(value, int):
+                totals["counted lengths"] += min(value, 10**9)
+            elif key == "pattern" and isinstance(value, str):
+                repeat = max(repeat, repeat_product(value))
+            if isinstance(value, dict | list):
+                stack.append(value)
+    parts = [f"{n} {what}" for what, n in totals.items() if n >= 32 or (what == "counted lengths" and n >= 256)]
+    if repeat > 64:
+        parts.append(f"counted repetitions up to {repeat}")
+    return ", ".join(parts)
 
 
 # -- submit-time walk: does the grammar admit a finite output, and a short enough one? ----------------
@@ -371,12 +568,32 @@ _RANK = [0] * 256
 for _rank, _byte in enumerate(_PREFERENCE):
     _RANK[_byte] = _rank
 _REUSE_COST = 8
+_NO_OUTPUT = "admits no output at all (e.g. a schema that only refers to itself, or a rule with no base case)"
 
 
-def _check_completes(kind: GuideKind, grammar: str) -> None:
-    problem = _walk_cached(kind, grammar)
+def _check_completes(spec: GuideSpec, grammar: str) -> None:
+    problem = _walk_cached(spec.kind, grammar)
+    if problem and problem != _NO_OUTPUT and spec.kind is GuideKind.JSON_SCHEMA:
+        problem = _schema_completes(as_generated(spec.spec))  # the walk is greedy: the schema's own answer decides
     if problem:
-        raise GuideError(f"{kind.value} guide {problem}")
+        raise GuideError(f"{spec.kind.value} guide {problem}")
+
+
+def _schema_completes(schema: object) -> str | None:
+    """What is wrong with a schema the walk found no short way out of, by its shortest instance
+    (engine/schema_size.py): None when one fits MIN_OUTPUT_BUDGET (the walk missed it)."""
+    size, stuck = shortest_instance_bytes(schema)
+    if size <= MIN_OUTPUT_BUDGET:
+        return None
+    if size == math.inf:
+        where = f" ({', '.join(stuck[:5])} cannot end: each refers back to itself on every path)" if stuck else ""
+        return (
+            f"has no finite instance{where}: a recursion with no base case, e.g. a required property that "
+            "refers to its own schema"
+        )
+    return (
+        f"has no instance shorter than {int(size)} bytes (the limit is {MIN_OUTPUT_BUDGET}): lower its minimum counts"
+    )
 
 
 @lru_cache(maxsize=256)
@@ -385,9 +602,10 @@ def _walk_cached(kind: GuideKind, grammar: str) -> str | None:
     _PREFERENCE). Returns what is wrong, or None; refusals are cached too, since the walk is what
     costs (up to ~0.4 s).
 
-    A heuristic where there are choices (a grammar whose only way out the walk keeps missing could be
-    refused), but exact for what it must catch: a grammar that accepts nothing fails at once, and one
-    whose every path recurses (or needs more than the budget) runs out of budget.
+    A heuristic where there are choices (a grammar whose only way out the walk keeps missing), so for a
+    JSON schema its "no way out" is only a suspicion that _schema_completes settles; exact for what it
+    must catch: a grammar that accepts nothing fails at once, and one whose every path recurses (or needs
+    more than the budget) runs out of budget.
     """
     matcher = LLMatcher(_byte_tokenizer(), grammar, log_level=0)
     produced = 0
@@ -411,7 +629,7 @@ def _walk_cached(kind: GuideKind, grammar: str) -> str | None:
         matcher.consume_token(choice)
     if produced == 0:
         # llguidance's own word for this ("NoExtensionBias") means nothing to a client
-        return "admits no output at all (e.g. a schema that only refers to itself, or a rule with no base case)"
+        return _NO_OUTPUT
     if produced <= MIN_OUTPUT_BUDGET:
         detail = short_error(matcher.get_error()) if matcher.is_error() else "a dead end"
         return f"cannot be completed: {detail}"
@@ -434,8 +652,10 @@ def clear_caches() -> int:
 class Guide:
     """One request's matcher: mask the next token, accept the sampled one."""
 
-    def __init__(self, matcher: LLMatcher):
+    def __init__(self, matcher: LLMatcher, notes: list[str] | None = None):
         self.matcher = matcher
+        # What of its JSON schema this guide does not enforce (guide_notes): the answer is checked after.
+        self.notes = notes or []
 
     def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
         fill_next_token_bitmask(self.matcher, bitmask, row)
@@ -525,7 +745,7 @@ class GuideBackend:
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GuideError(f"invalid {spec.kind.value} guide: {short_error(matcher.get_error())}")
-        return Guide(matcher)
+        return Guide(matcher, guide_notes(spec))
 
     def allowed(self, row: int) -> np.ndarray:
         """Boolean mask of allowed tokens for bitmask row `row` (after Guide.fill_mask)."""

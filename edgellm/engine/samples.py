@@ -91,6 +91,9 @@ class SampleGroup:
             cached_tokens=outs[0].cached_tokens,
             stop_cause=head.stop_cause,
             truncated_structure=head.truncated_structure,
+            guide_notes=head.guide_notes,
+            guided_incomplete=any(o.guided_incomplete for o in outs),
+            schema_error=next((o.schema_error for o in outs if o.schema_error), None),
             choices=outs,
         )
 

@@ -20,12 +20,13 @@ from edgellm.engine.cpu_share import ThreadGovernor
 from edgellm.engine.decode_cost import DecodeCost
 from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_length, expected_accepted, propose
 from edgellm.engine.draft_model import DraftAsk, DraftModel
-from edgellm.engine.guide_llguidance import Guide, GuideBackend
+from edgellm.engine.guide_llguidance import Guide, GuideBackend, as_generated
 from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.prefix_store import PrefixStore
 from edgellm.engine.prepared import PrepareExecutor
 from edgellm.engine.projector import MediaCollector, Projector
 from edgellm.engine.samples import SampleGroup
+from edgellm.engine.schema_check import schema_error
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
@@ -745,7 +746,11 @@ class Scheduler:
             # A grammar that let the model end at once (e.g. a schema only an empty output satisfies)
             # did not produce structured output: never report "" as a success.
             error, error_type = "structured output is empty: the guide admitted no content", "generation_failed"
+        schema_error = self._schema_error(slot) if error is None and reason is not FinishReason.ABORT else None
         out = slot.take_delta(final=True)
+        if slot.guide is not None and slot.guide.notes:
+            out.guide_notes, out.schema_error = slot.guide.notes, schema_error
+        out.guided_incomplete = cut and error is None
         out.finish_reason = reason
         out.prompt_tokens = len(slot.prompt)
         out.completion_tokens = n_gen
@@ -776,6 +781,16 @@ class Scheduler:
             self._aborted.add(group.request.request_id)
             combined = group.cancel_unstarted(FinishReason.ABORT, "another sample of this request failed")
         return self._group_done(group, combined)
+
+    @staticmethod
+    def _schema_error(slot: Slot) -> str | None:
+        """Why a finished answer fails the parts of its JSON schema that generation did not enforce
+        (engine/schema_check.py); None when it passes, or when its guide enforced the whole schema."""
+        guide, spec = slot.guide, slot.request.guide
+        if guide is None or not guide.notes or spec is None or spec.kind is not GuideKind.JSON_SCHEMA:
+            return None
+        start = slot.json_from if slot.json_from is not None else 0
+        return schema_error(as_generated(spec.spec), bytes(slot.data[start:]).decode("utf-8", "replace"))
 
     def _group_done(self, group: SampleGroup, combined: EngineOutput | None) -> EngineOutput | None:
         """An n > 1 request's final output, once its last sample has ended (None until then)."""

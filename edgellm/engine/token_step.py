@@ -123,7 +123,7 @@ class TokenStep:
                 return Finish(FinishReason.ERROR, f"guided decoding reached a dead end ({why})", "generation_failed")
             row[~allowed] = NEG_INF
             if slot.in_json and self.close_json:
-                left = params.max_tokens - len(slot.generated)
+                left = self._budget_left(slot)
                 slot.closing = slot.closing or left <= slot.json.tokens_to_close() + slot.json_reserve
                 if slot.closing:  # steer, within the mask, to the shortest valid ending
                     outside, inside = self.closing_scores
@@ -131,7 +131,7 @@ class TokenStep:
                         unsteered = row.copy()  # logprobs stay the model's, not the steering's
                     row += STEER * (inside if slot.json.in_string else outside)
             elif slot.tag is not None and self.close_json:
-                left = params.max_tokens - len(slot.generated)
+                left = self._budget_left(slot)
                 if left <= slot.tag.entry_cost:  # too late to begin a structure and finish it: steer away
                     if params.num_logprobs > 0:
                         unsteered = row.copy()
@@ -175,6 +175,12 @@ class TokenStep:
             return Finish(FinishReason.LENGTH)
         slot.pending = [token, *forced]
         return None
+
+    def _budget_left(self, slot: Slot) -> int:
+        """Tokens the answer may still take: the least of what max_tokens leaves and what the context
+        leaves (a long prompt ends the output at the slot's end, before max_tokens): closing plans for
+        whichever ends it first."""
+        return min(slot.request.sampling.max_tokens - len(slot.generated), self.model.slot_ctx - slot.cells - 1)
 
     def _room(self, slot: Slot) -> int:
         """Tokens that may be fed after the one just sampled: max_tokens, the slot's context, one batch."""

@@ -210,6 +210,13 @@ class EngineOutput:
     stop_cause: StopCause | None = None  # final, with FinishReason.STOP
     # final: the budget ran short and the JSON was steered to its shortest valid ending (finish "length")
     truncated_structure: bool = False
+    # final, a json_schema guide with parts not enforced while generating (engine/schema_check.py): what
+    # they are, and why the answer fails the whole schema (None: it passes)
+    guide_notes: list[str] = field(default_factory=list)
+    schema_error: str | None = None
+    # final: the output was cut (max_tokens, the context's end) before its guide could end, and the route
+    # takes that as an answer (cut_structure_ok): the text is partial and does not conform
+    guided_incomplete: bool = False
     index: int = 0  # which of the request's n samples this output is about
     reasoning_open: bool = False  # the prompt opened the reasoning block: the output starts inside it
     reasoning_tokens: int = 0  # final: tokens of the reasoning block (its markers included)

@@ -15,13 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgellm import jsonsafe
+from edgellm.api.guide_pool import shared_pool
 from edgellm.api.openai_compat import error_body, parse_openai_request
 from edgellm.api.registry import RequestStatus
 from edgellm.api.service import Service
 from edgellm.api.validation import ChatRequest
-from edgellm.engine.guide_llguidance import text_satisfies
 from edgellm.engine.types import GuideKind, GuideSpec
-from edgellm.errors import EdgeLLMError, InvalidRequest
+from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest
 from edgellm.media.loading import check_content
 from edgellm.runtime.http_common import SafeJSONResponse, authenticate, read_json_body
 
@@ -123,7 +123,11 @@ def check_output(guide: GuideSpec | None, text: str) -> tuple[bool | None, str]:
         GuideKind.CHOICE: "one of the choices",
         GuideKind.EBNF: "derived by the grammar",
     }.get(guide.kind, f"admitted by the {guide.kind.value} constraint")
-    if text_satisfies(guide, text):
+    try:
+        satisfied = shared_pool().satisfies_now(guide, text)
+    except GuideError as exc:  # past the check's budget: said, not a 500
+        return False, exc.message[:300]
+    if satisfied:
         return True, what
     return False, f"not {what}" if guide.kind is not GuideKind.JSON_SCHEMA else "not valid against the schema"
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.openai_compat import parse_openai_request
 from edgellm.api.tool_grammar import tool_guide
 from edgellm.api.tool_prompt import prompt_messages
@@ -49,8 +50,10 @@ def _body(**fields):
 
 
 def _refused(body, param):
+    """The body's refusal: by its parse, or else by the guide check that follows it (api/guide_pool.py)."""
     with pytest.raises(InvalidRequest) as err:
-        parse_openai_request(body, "m")
+        request, _ = parse_openai_request(body, "m")
+        shared_pool().check_now(request_checks(request))
     assert err.value.param == param, err.value.message
     assert err.value.http_status == 400
     return err.value.message

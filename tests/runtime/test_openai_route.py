@@ -238,6 +238,8 @@ def test_structured_output_cut_by_max_tokens_is_200_length_as_openai_does(client
     messages = [{"role": "user", "content": "Describe a person with many tags."}]
     r = client.chat.completions.create(model=model_id, messages=messages, response_format=fmt, max_tokens=3)
     assert r.choices[0].finish_reason == "length" and r.choices[0].message.content  # the cut text, as it is
+    # ... and said to be partial (issue 41): never a 200 whose content silently fails its schema
+    assert r.model_extra.get("guided_incomplete") is True and r.choices[0].model_extra["guided_incomplete"] is True
     chunks = list(
         client.chat.completions.create(
             model=model_id, messages=messages, response_format=fmt, max_tokens=3, stream=True

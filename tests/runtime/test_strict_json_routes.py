@@ -84,3 +84,41 @@ def test_a_client_hanging_up_mid_body_is_one_info_line(node):
     assert len(lines) <= 2 * len(POST_ROUTES), new[-3000:]
     with node.client() as c:
         assert c.get("/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_costly_schemas_are_400s_while_health_and_a_plain_request_are_answered(node):
+    """Issue 41's probe: six costly schemas at once used to hold every route (~27 s) while they compiled in
+    the event loop's thread pool. Now each is a 400 from its own budgeted child, and the node answers
+    /health and a plain chat while they are being refused."""
+    import threading
+
+    model = node.client().get("/v1/models").json()["data"][0]["id"]
+
+    def costly(i: int) -> dict:  # distinct schemas: none is answered from the cache
+        schema = {"anyOf": [{"type": "string", "minLength": 9000, "maxLength": 9000 + i + k} for k in range(80)]}
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        return {"model": model, "messages": [{"role": "user", "content": "x"}], "response_format": fmt}
+
+    answers: dict[int, tuple[int, str]] = {}
+
+    def send(i: int) -> None:
+        with node.client(timeout=120) as c:
+            r = c.post("/v1/chat/completions", json=costly(i))
+            answers[i] = (r.status_code, r.text[:300])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    with node.client(timeout=120) as c:
+        assert c.get("/health").status_code == 200
+        health_before_refusals = len(answers) < 6
+        plain = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+        r = c.post("/v1/chat/completions", json=plain)
+        assert r.status_code == 200, r.text[:300]
+    for t in threads:
+        t.join(120)
+    assert health_before_refusals
+    assert sorted(answers) == list(range(6))
+    for status, text in answers.values():
+        assert status == 400 and ("of CPU" in text or "MB" in text), text
