@@ -30,6 +30,7 @@ import math
 import re
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Executor, Future
 from functools import lru_cache
 
@@ -304,30 +305,45 @@ def schema_gaps(schema: object, warnings: tuple[str, ...]) -> list[str]:
         elif "oneOf" in warning:
             one_of = True
     notes: list[str] = []
-    stack: list[tuple[object, str]] = [(schema, "")]
-    while stack and len(notes) < 64:
-        node, path = stack.pop()
+    for at, key, value in _keywords(schema):
+        if len(notes) >= 64:
+            break
+        if key in keys:
+            notes.append(f"{key} at {at} is not enforced while generating (checked after)")
+        elif key == "format" and isinstance(value, str) and value in formats:
+            notes.append(f"format {value!r} at {at} is unknown: generated as a plain string")
+        elif key == "oneOf" and one_of:
+            notes.append(f"oneOf at {at} is generated as anyOf (checked after)")
+        elif key == "type" and isinstance(value, str) and value in TYPE_ALIASES:
+            notes.append(f"type {value!r} at {at} is read as {TYPE_ALIASES[value]!r}")
+    return notes
+
+
+def _keywords(schema: object) -> Iterator[tuple[str, str, object]]:
+    """(JSON pointer of the subschema, keyword, value) for every keyword of every subschema; data values
+    (enum, const, default, examples) are not entered, and the keys of a name map (properties, $defs) are
+    names, never keywords."""
+    stack: list[tuple[object, str, bool]] = [(schema, "", False)]
+    while stack:
+        node, path, names = stack.pop()
         if isinstance(node, list):
-            stack.extend((item, f"{path}/{i}") for i, item in reversed(list(enumerate(node))))
+            stack.extend((item, f"{path}/{i}", False) for i, item in reversed(list(enumerate(node))))
             continue
         if not isinstance(node, dict):
             continue
         for key, value in node.items():
+            if names:
+                stack.append((value, f"{path}/{_pointer(key)}", False))
+                continue
             if key in _DATA_KEYS:
                 continue
-            at = path or "/"
-            if key in keys:
-                notes.append(f"{key} at {at} is not enforced while generating (checked after)")
-            elif key == "format" and isinstance(value, str) and value in formats:
-                notes.append(f"format {value!r} at {at} is unknown: generated as a plain string")
-            elif key == "oneOf" and one_of:
-                notes.append(f"oneOf at {at} is generated as anyOf (checked after)")
-            elif key == "type" and isinstance(value, str) and value in TYPE_ALIASES:
-                notes.append(f"type {value!r} at {at} is read as {TYPE_ALIASES[value]!r}")
+            yield path or "/", key, value
             if isinstance(value, dict | list):
-                pointer = key.replace("~", "~0").replace("/", "~1")
-                stack.append((value, f"{path}/{pointer}"))
-    return notes
+                stack.append((value, f"{path}/{_pointer(key)}", key in _NAME_MAPS))
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 @lru_cache(maxsize=256)
@@ -506,30 +522,18 @@ def cost_summary(spec: GuideSpec) -> str:
         roots = [st.get("schema") for st in spec.spec.get("structures") or [] if isinstance(st, dict)]
     totals = {"patternProperties": 0, "anyOf/oneOf alternatives": 0, "properties": 0, "counted lengths": 0}
     repeat = 1
-    stack = list(roots)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
-        for key, value in node.items():
-            if key in _DATA_KEYS:
-                continue
-            if key == "patternProperties" and isinstance(value, dict):
-                totals["patternProperties"] += len(value)
-                repeat = max([repeat, *(repeat_product(k) for k in value)])
-            elif key in ("anyOf", "oneOf") and isinstance(value, list):
-                totals["anyOf/oneOf alternatives"] += len(value)
-            elif key == "properties" and isinstance(value, dict):
-                totals["properties"] += len(value)
-            elif key in ("minLength", "maxLength", "minItems", "maxItems") and isinstance(value, int):
-                totals["counted lengths"] += min(value, 10**9)
-            elif key == "pattern" and isinstance(value, str):
-                repeat = max(repeat, repeat_product(value))
-            if isinstance(value, dict | list):
-                stack.append(value)
+    for _, key, value in (entry for root in roots for entry in _keywords(root)):
+        if key == "patternProperties" and isinstance(value, dict):
+            totals["patternProperties"] += len(value)
+            repeat = max([repeat, *(repeat_product(k) for k in value)])
+        elif key in ("anyOf", "oneOf") and isinstance(value, list):
+            totals["anyOf/oneOf alternatives"] += len(value)
+        elif key == "properties" and isinstance(value, dict):
+            totals["properties"] += len(value)
+        elif key in ("minLength", "maxLength", "minItems", "maxItems") and isinstance(value, int):
+            totals["counted lengths"] += min(value, 10**9)
+        elif key == "pattern" and isinstance(value, str):
+            repeat = max(repeat, repeat_product(value))
     parts = [f"{n} {what}" for what, n in totals.items() if n >= 32 or (what == "counted lengths" and n >= 256)]
     if repeat > 64:
         parts.append(f"counted repetitions up to {repeat}")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from edgellm.api import anthropic_compat as ac
+from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.openai_compat import ModelNotFound, parse_openai_request
 from edgellm.errors import EdgeLLMError, InvalidRequest, PayloadTooLarge, QueueFull, Unauthorized
 
@@ -27,10 +28,13 @@ def translate(b: dict[str, Any], **kw: Any):
 
 
 def parsed(b: dict[str, Any]):
-    """Through the OpenAI route's parser, as the route does (errors renamed)."""
+    """Through the OpenAI route's parser and the guide checks that follow it, as the route does (errors
+    renamed)."""
     out, opts, origins = translate(b)
     try:
-        return parse_openai_request(out, MODEL)[0], opts
+        request = parse_openai_request(out, MODEL)[0]
+        shared_pool().check_now(request_checks(request))
+        return request, opts
     except EdgeLLMError as exc:
         raise ac.rename_error(exc, origins) from None
 
