@@ -77,7 +77,6 @@ class _Child:
             close_fds=True,
         )
         self._buffer = b""
-        self.jobs = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -162,7 +161,7 @@ class GuidePool:
             label = reply.get("label")
             if isinstance(label, str) and label.startswith("tools"):
                 raise InvalidRequest(f"{label} is not a usable schema: {reply['error']}", param="tools")
-            raise GuideError(str(reply["error"]), param=_param(label))
+            raise GuideError(str(reply["error"]))
         if "over" in reply:
             raise GuideError(_over_message(reply["over"], checks, self.budget), param=_param(checks[0].label))
 
@@ -268,7 +267,6 @@ class GuidePool:
                 over = "memory"  # it died mid-job: RLIMIT_AS made llguidance abort (or it was killed)
                 break
             if reply is not None:
-                child.jobs += 1
                 self._give_back(child)
                 return reply
             if cancelled is not None and cancelled.is_set():
@@ -292,10 +290,6 @@ class GuidePool:
             idle, self._idle = self._idle, []
         for child in idle:
             child.kill()
-
-    def reopen(self) -> None:
-        with self._lock:
-            self._closed = False
 
 
 def _param(label: object) -> str | None:

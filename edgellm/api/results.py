@@ -65,7 +65,6 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
     if out.guided_incomplete:  # cut before the guide could end (OpenAI-shaped routes answer it, "length")
         completion["guided_incomplete"] = True
     if out.schema_error:  # edgellm's field: the answer parses but fails the schema; never presented as valid
-        completion["schema_valid"] = False
         completion["schema_error"] = out.schema_error
     return {
         "REQUEST_ID": request_id,

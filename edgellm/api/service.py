@@ -121,8 +121,8 @@ class Service:
         self.engine: EngineClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests = RequestTable()  # one RequestState per live request of this process
-        self.guides = shared_pool()  # guide compiles and checks, off the event loop, under a budget
         self.requests.on_retry = registry.bump_attempts  # a delivery's attempts, kept durably
+        self.guides = shared_pool()  # guide compiles and checks, off the event loop, under a budget
         self.outputs = OutputProcessor(self.requests)  # engine byte deltas -> text, stop strings, stream deltas
         self.started_at = time.time()
         self.draining = False  # set on shutdown: no new work, in-flight work finishes or stays pending

@@ -54,6 +54,7 @@ MAX_REPEAT = 10_000
 MIN_OUTPUT_BUDGET = 16 * 1024
 _MESSAGE_CHARS = 200
 _MIN_COUNT_KEYS = ("minLength", "minItems", "minProperties", "minContains")
+# Keywords whose values are JSON data, not subschemas: a {"pattern": ...} in an example is no regex.
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 # Compact JSON: a small model given free whitespace tends to pad output with newlines forever. Every
 # option is pinned: a schema's own "x-guidance" is applied before these and would otherwise choose them
@@ -72,7 +73,6 @@ JSON_OPTIONS = {
     "json_allowed_escapes": None,
     "json_allow_general_unicode_escapes": False,
 }
-# Keywords whose values are JSON data, not subschemas: a {"pattern": ...} in an example is no regex.
 # patternProperties of one object: llguidance proves them pairwise disjoint at compile, at a cost that
 # grows about as N^4 (80: 25 ms, 160: 0.4 s, 320: 8 s measured); more than this is refused up front.
 MAX_PATTERN_PROPERTIES = 64
@@ -216,9 +216,9 @@ def grammar_for(spec: GuideSpec, *, strict: bool = False) -> str:
     """The llguidance grammar for a spec, checked as at submit (see the module doc); raises GuideError
     with a short message a client can act on. `strict` (OpenAI's word, on a json_schema): a schema with
     parts that are not enforced while generating (guide_notes) is refused, naming every one of them."""
-    grammar = _grammar(spec)
+    grammar, warnings = _compiled(spec)
     if strict:
-        notes = guide_notes(spec)
+        notes = guide_notes(spec, warnings)
         if notes:
             listed = "; ".join(notes)
             raise GuideError(
@@ -261,10 +261,15 @@ def text_satisfies(spec: GuideSpec, text: str) -> bool:
 def _grammar(spec: GuideSpec) -> str:
     """The grammar without the shortest-completion walk: what the worker compiles a request with
     that grammar_for already accepted at submit."""
+    return _compiled(spec)[0]
+
+
+def _compiled(spec: GuideSpec) -> tuple[str, tuple[str, ...]]:
+    """(the grammar, llguidance's warnings about it), the guide's size checked first."""
     text = _spec_text(spec)
     if len(text.encode("utf-8")) > MAX_GUIDE_BYTES:
         raise GuideError(f"{spec.kind.value} guide is {len(text.encode())} bytes; the limit is {MAX_GUIDE_BYTES}")
-    return _compile_cached(spec.kind, text)[0]
+    return _compile_cached(spec.kind, text)
 
 
 def short_error(message: str) -> str:
@@ -280,13 +285,15 @@ def short_error(message: str) -> str:
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
-def guide_notes(spec: GuideSpec) -> list[str]:
+def guide_notes(spec: GuideSpec, warnings: tuple[str, ...] | None = None) -> list[str]:
     """What of a JSON schema is not enforced while generating (llguidance's warnings, each placed by its
     JSON pointer): "uniqueItems at /properties/tags is checked after generation", "oneOf at /x is generated
-    as anyOf", "format 'foo' at /y is generated as a plain string". [] for a fully enforced guide."""
+    as anyOf", "format 'foo' at /y is generated as a plain string". [] for a fully enforced guide.
+    `warnings`: the compile's, when the caller has them (_compiled)."""
     if spec.kind is not GuideKind.JSON_SCHEMA:
         return []
-    _, warnings = _compile_cached(spec.kind, _spec_text(spec))
+    if warnings is None:
+        warnings = _compiled(spec)[1]
     return schema_gaps(spec.spec, warnings)
 
 
@@ -477,37 +484,25 @@ def _check_regex(regex: str, where: str) -> None:
 def _check_schema_counts(schema: object) -> None:
     """Walks the whole schema (subschemas, $defs, ...): every `pattern`, every patternProperties key,
     every minimum count. Iterative; validation.py already bounded the depth."""
-    stack: list[tuple[object, str]] = [(schema, "schema")]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, list):
-            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node))
-            continue
-        if not isinstance(node, dict):
-            continue
-        for key in _MIN_COUNT_KEYS:
-            count = node.get(key)
-            if isinstance(count, int | float) and not isinstance(count, bool) and count > MAX_REPEAT:
+    for at, key, value in _keywords(schema):
+        path = "schema" + ("" if at == "/" else at.replace("/", "."))
+        if key in _MIN_COUNT_KEYS and isinstance(value, int | float) and not isinstance(value, bool):
+            if value > MAX_REPEAT:
                 raise GuideError(
-                    f"json_schema {path}.{key} is {count:.0f}; the limit is {MAX_REPEAT} "
+                    f"json_schema {path}.{key} is {value:.0f}; the limit is {MAX_REPEAT} "
                     "(no run could produce that within max_tokens)"
                 )
-        pattern = node.get("pattern")
-        if isinstance(pattern, str):
-            _check_regex(pattern, f"json_schema {path}.pattern")
-        props = node.get("patternProperties")
-        if isinstance(props, dict):
-            if len(props) > MAX_PATTERN_PROPERTIES:
+        elif key == "pattern" and isinstance(value, str):
+            _check_regex(value, f"json_schema {path}.pattern")
+        elif key == "patternProperties" and isinstance(value, dict):
+            if len(value) > MAX_PATTERN_PROPERTIES:
                 raise GuideError(
-                    f"json_schema {path}.patternProperties has {len(props)} patterns; the limit is "
+                    f"json_schema {path}.patternProperties has {len(value)} patterns; the limit is "
                     f"{MAX_PATTERN_PROPERTIES} (each pair is proved disjoint at compile: the cost grows as the "
                     "count to the fourth power)"
                 )
-            for key in props:
-                _check_regex(key, f"json_schema {path}.patternProperties key")
-        for key, value in node.items():
-            if key not in _DATA_KEYS and isinstance(value, dict | list):
-                stack.append((value, f"{path}.{key}"))
+            for pattern in value:
+                _check_regex(pattern, f"json_schema {path}.patternProperties key")
 
 
 def cost_summary(spec: GuideSpec) -> str:
@@ -743,13 +738,13 @@ class GuideBackend:
     def compile(self, spec: GuideSpec, *, thinking: ThinkingSpec | None = None, opened: bool = False) -> Guide:
         """`thinking`: the guide applies after a reasoning block (`opened`: the prompt opened it)."""
         # grammar_for's walk ran at submit, in the API process; it is not repeated on the step loop's side.
-        grammar = _grammar(spec)
+        grammar, warnings = _compiled(spec)
         if thinking is not None and (opened or thinking.optional):
             grammar = after_thinking(grammar, thinking, opened)
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GuideError(f"invalid {spec.kind.value} guide: {short_error(matcher.get_error())}")
-        return Guide(matcher, guide_notes(spec))
+        return Guide(matcher, guide_notes(spec, warnings))
 
     def allowed(self, row: int) -> np.ndarray:
         """Boolean mask of allowed tokens for bitmask row `row` (after Guide.fill_mask)."""
