@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -249,6 +250,54 @@ class Server:
 
 _LIVE: list[Server] = []
 ABORT = threading.Event()  # set on Ctrl-C/SIGTERM: the load's clients send nothing more
+
+
+def model_and_env(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """The model file (--model, else the bundled one) and edgellm's extra environment (--edgellm-env)."""
+    model = str(Path(args.model or bundled_model_path() or "").resolve())
+    if not Path(model).is_file():
+        ap.error(f"no model at {model!r}")
+    extra_env = {}
+    for kv in args.edgellm_env:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            ap.error(f"--edgellm-env wants KEY=VAL, got {kv!r}")
+        extra_env[key] = value
+    return model, extra_env
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without the settings of either server (a benchmark sets its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGELLM_", "LLAMA_ARG_"))}
+    env.pop("INFERENCE_API_TOKEN", None)
+    return env
+
+
+def edgellm_server(model: str, threads: int, slots: int, n_ctx: int, extra_env: dict, tmpdir: Path) -> Server:
+    """`edgellm serve` on a free port with this model, threads, slots and context, its state in `tmpdir`."""
+    port = free_port()
+    env = {
+        **clean_env(),
+        "EDGELLM_MODEL_PATH": model,
+        "EDGELLM_N_THREADS": str(threads),
+        "EDGELLM_N_SLOTS": str(slots),
+        "EDGELLM_N_CTX": str(n_ctx),
+        **extra_env,
+    }
+    binary = REPO / ".venv" / "bin" / "edgellm"
+    cmd = [str(binary)] if binary.exists() else [sys.executable, "-m", "edgellm"]
+    cmd += ["serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(tmpdir / "state")]
+    cmd += ["--log-level", "warning"]
+    return Server("edgellm", cmd, env, port, tmpdir / "edgellm.log")
+
+
+def llama_server(binary: Path, model: str, threads: int, slots: int, n_ctx: int, extra: list, tmpdir: Path) -> Server:
+    """llama-server on a free port, set as edgellm_server's node is (per-slot context: no unified KV)."""
+    port = free_port()
+    cmd = [str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(n_ctx)]
+    cmd += ["--no-kv-unified", "-fa", "on", "--no-webui", *extra]
+    return Server("llama-server", cmd, clean_env(), port, tmpdir / "llama-server.log")
 
 
 def stop_all() -> None:
@@ -528,15 +577,7 @@ def main() -> int:
         ap.error("--turns must be odd and at least 3 (edgellm, llama-server, edgellm, ...)")
     n_c8 = 8 if args.quick else args.requests
     n_c1 = 2 if args.quick else max(1, args.requests // 2)
-    model = str(Path(args.model or bundled_model_path() or "").resolve())
-    if not Path(model).is_file():
-        ap.error(f"no model at {model!r}")
-    extra_env = {}
-    for kv in args.edgellm_env:
-        key, sep, value = kv.partition("=")
-        if not sep or not key:
-            ap.error(f"--edgellm-env wants KEY=VAL, got {kv!r}")
-        extra_env[key] = value
+    model, extra_env = model_and_env(ap, args)
 
     # SIGINT too: a run started in the background (nohup, `cmd &`) inherits it ignored.
     signal.signal(signal.SIGINT, on_signal)
@@ -564,27 +605,9 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-server-") as tmp:
         tmpdir = Path(tmp)
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGELLM_", "LLAMA_ARG_"))}
-        base_env.pop("INFERENCE_API_TOKEN", None)
-        e_port, l_port = free_port(), free_port()
-        e_env = {
-            **base_env,
-            "EDGELLM_MODEL_PATH": model,
-            "EDGELLM_N_THREADS": str(THREADS),
-            "EDGELLM_N_SLOTS": str(SLOTS),
-            "EDGELLM_N_CTX": str(N_CTX),
-            **extra_env,
-        }
-        edgellm_bin = REPO / ".venv" / "bin" / "edgellm"
-        e_cmd = [str(edgellm_bin)] if edgellm_bin.exists() else [sys.executable, "-m", "edgellm"]
-        e_cmd += ["serve", "--host", "127.0.0.1", "--port", str(e_port), "--state-dir", str(tmpdir / "state")]
-        e_cmd += ["--log-level", "warning"]
-        l_cmd = [str(server_bin), "-m", model, "--host", "127.0.0.1", "--port", str(l_port)]
-        l_cmd += ["-t", str(THREADS), "-tb", str(THREADS), "-np", str(SLOTS), "-c", str(N_CTX)]
-        l_cmd += ["--no-kv-unified", "-fa", "on", "--no-webui", *args.llama_server_arg]
-        results["commands"] = {"edgellm": e_cmd, "llama-server": l_cmd}
-        edgellm = Server("edgellm", e_cmd, e_env, e_port, tmpdir / "edgellm.log")
-        llama = Server("llama-server", l_cmd, base_env, l_port, tmpdir / "llama-server.log")
+        edgellm = edgellm_server(model, THREADS, SLOTS, N_CTX, extra_env, tmpdir)
+        llama = llama_server(server_bin, model, THREADS, SLOTS, N_CTX, args.llama_server_arg, tmpdir)
+        results["commands"] = {"edgellm": edgellm.cmd, "llama-server": llama.cmd}
         try:
             first_start: dict[str, float] = {}
             for server in (edgellm, llama):  # started one at a time, the other paused
@@ -635,10 +658,15 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_main(main: Callable[[], int]) -> None:
+    """Exit with main()'s status; on Ctrl-C (or on_signal's abort) stop every server first."""
     try:
         sys.exit(main())
     except KeyboardInterrupt as exc:
         stop_all()
-        print(f"\ninterrupted ({exc or 'Ctrl-C'}); both servers stopped", file=sys.stderr)
+        print(f"\ninterrupted ({exc or 'Ctrl-C'}); servers stopped", file=sys.stderr)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run_main(main)

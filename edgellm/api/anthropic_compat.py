@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic_core
+
 from edgellm.api.display import kind_of, show, show_name
 from edgellm.api.openai_compat import ModelNotFound, unserved
 from edgellm.errors import EdgeLLMError, InvalidRequest
@@ -493,8 +495,11 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
 def _input(arguments: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments or "{}")
-    except ValueError:  # never for a call the grammar wrote; an answer all the same
-        return {}
+    except ValueError:  # a call max_tokens cut (stop_reason "max_tokens"): its input as far as it parses
+        try:
+            value = pydantic_core.from_json(arguments, allow_partial=True)
+        except ValueError:
+            return {}
     return value if isinstance(value, dict) else {}
 
 

@@ -158,11 +158,12 @@ def parse_openai_request(
     request = parse_chat_request(
         seed_body, min_max_tokens=1, max_messages=max_messages, max_prompt_bytes=max_prompt_bytes, **limits
     )
-    # As OpenAI and llama-server: JSON cut by max_tokens comes back as it is, finish_reason "length";
-    # never a cut tool call (the same 422 as the seed endpoints: a call that does not parse is no call).
+    # As OpenAI and llama-server: output cut by max_tokens comes back as far as it goes, finish_reason
+    # "length" and guided_incomplete: JSON as it is, a cut tool call with its arguments so far (api/reply.py;
+    # the seed endpoints answer both with a 422). Every OpenAI- and Anthropic-shaped route parses here.
     # The model is carried only where the node serves several (a tuple of ids): one id means the default.
     routed = None if isinstance(model_id, str) else model
-    request = request.model_copy(update={"cut_structure_ok": not request.calls_tools, "model": routed})
+    request = request.model_copy(update={"cut_structure_ok": True, "model": routed})
     return request, OpenAIOptions(stream, bool(stream_options.get("include_usage")), bool(logprobs), top or 0)
 
 

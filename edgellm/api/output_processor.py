@@ -40,6 +40,7 @@ class RequestOutput:
     guide_notes: list[str] = field(default_factory=list)  # what of the schema generation did not enforce
     schema_error: str | None = None  # why the answer fails the whole schema (checked after generation)
     guided_incomplete: bool = False  # cut before its guide could end: partial, not conforming
+    schema_retried: bool = False  # a second draw: the first failed its schema (checked after generation)
     index: int = 0  # which of the request's n samples `delta` belongs to
     # `delta` read as OpenAI message deltas ({"content"}, {"reasoning_content"}, {"tool_calls"}: api/reply.py)
     events: list[dict] = field(default_factory=list)
@@ -76,7 +77,9 @@ class TextState:
         if out.finished and self.stopped and reason in (FinishReason.LENGTH, FinishReason.STOP):
             reason, cause = FinishReason.STOP, StopCause.STOP_STRING  # the stop string ended the answer first
         fed = delta or out.finished
-        events = self.reader.feed(delta, final=out.finished, opened=out.reasoning_open) if fed else []
+        # A reply cut inside its grammar (guided_incomplete): its calls as far as they go, never their syntax as text.
+        cut = out.guided_incomplete and not self.stopped
+        events = self.reader.feed(delta, final=out.finished, opened=out.reasoning_open, cut=cut) if fed else []
         return RequestOutput(
             out.request_id,
             out.finished,
@@ -96,6 +99,7 @@ class TextState:
             guide_notes=out.guide_notes,
             schema_error=out.schema_error,
             guided_incomplete=out.guided_incomplete,
+            schema_retried=out.schema_retried,
             index=out.index,
             events=events,
             message=self.reader.message() if out.finished else None,

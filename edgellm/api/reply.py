@@ -7,6 +7,9 @@ The text (after stop strings, api/output_processor.py) is read in order:
 3. a block of calls in the format's exact syntax (engine/chat_format.py), which the tool grammar made
    the model write: each call's header (id, name) as soon as its name is whole, then its arguments
    in fragments as they come.
+A reply cut at max_tokens before its grammar could end (`cut`: RequestOutput.guided_incomplete, the
+OpenAI-shaped routes) keeps its calls as far as they go: each whole call, then the cut one with its name
+(once the name is whole) and its arguments as far as they were written; the block's syntax is never content.
 Text that could still become a marker is held back until it cannot (or the reply ends). `message()`
 is the whole reply as OpenAI's message object; the ids there are the ones the stream carried.
 """
@@ -65,10 +68,13 @@ class ReplyReader:
         self._depth = 0
         self._in_string = False
         self._escape = False
+        self._cut = False  # the reply ended cut inside its grammar: the block is read as far as it goes
 
     # -- feeding ---------------------------------------------------------------------------------
-    def feed(self, text: str, *, final: bool, opened: bool = False) -> list[dict[str, Any]]:
-        """The deltas `text` makes whole (all that is left, when `final`)."""
+    def feed(self, text: str, *, final: bool, opened: bool = False, cut: bool = False) -> list[dict[str, Any]]:
+        """The deltas `text` makes whole (all that is left, when `final`). `cut` (with `final`): max_tokens
+        cut the reply inside its grammar, so a call block is read as far as it goes, never as content."""
+        self._cut = final and cut
         if self.opened is None:
             self.opened = opened
             if opened:
@@ -126,6 +132,8 @@ class ReplyReader:
         else:
             found = self.buf.find(syntax.trigger, self.pos)
             stop = found if found >= 0 else (len(self.buf) if final else len(self.buf) - len(syntax.trigger) + 1)
+            if found < 0 and self._cut:  # cut inside the trigger: that much of it is syntax, not content
+                stop = len(self.buf) - _partial_tail(self.buf[self.pos :], syntax.trigger)
         if stop > self.pos:
             self._say(events, self.buf[self.pos : stop], reasoning=False)
             self.pos = stop
@@ -145,6 +153,9 @@ class ReplyReader:
                 return
         if not final and any(literal.startswith(rest) for literal in literals):
             return  # part of a literal so far (or nothing yet)
+        if self._cut and any(literal.startswith(rest) for literal in literals):
+            self._end_cut()  # cut inside the block's syntax: the calls so far are the reply's
+            return
         if "" in self._expect and (final or not literals):
             self._after_literal("")
             return
@@ -170,22 +181,31 @@ class ReplyReader:
         try:
             name, end = json.JSONDecoder().raw_decode(self.buf, self.pos)
         except json.JSONDecodeError:
-            if final:
+            if self._cut:  # cut inside the name: a call without a whole name is none
+                self._end_cut()
+            elif final:
                 self._break(events)
             return
         mid = self.spec.syntax.mid
         rest = self.buf[end:]
+        if self._cut and not rest.startswith(mid) and isinstance(name, str) and mid.startswith(rest):
+            self._open_call(events, name)  # cut after its name: the call, with no arguments yet
+            self._end_cut()
+            return
         if not isinstance(name, str) or not (rest.startswith(mid) or (mid.startswith(rest) and not final)):
             self._break(events)
             return
         if not rest.startswith(mid):
             return
         self.pos = end + len(mid)
+        self._open_call(events, name)
+        self.mode, self._depth, self._in_string, self._escape = "arguments", 0, False, False
+
+    def _open_call(self, events: list, name: str) -> None:
         call = {"id": call_id(self.spec.short_ids), "type": "function", "function": {"name": name, "arguments": ""}}
         self.calls.append(call)
         header = {"index": len(self.calls) - 1, "id": call["id"], "type": "function"}
         events.append({"tool_calls": [{**header, "function": {"name": name, "arguments": ""}}]})
-        self.mode, self._depth, self._in_string, self._escape = "arguments", 0, False, False
 
     def _arguments(self, events: list, final: bool) -> None:
         start = self.pos
@@ -217,6 +237,8 @@ class ReplyReader:
             self.pos = i
         if done:
             self.mode, self._state, self._expect = "block", "end", [self.spec.syntax.end]
+        elif self._cut:  # cut inside the arguments: the call keeps them as far as they go
+            self._end_cut()
         elif final:
             self._break(events)
 
@@ -225,6 +247,11 @@ class ReplyReader:
         if rest.strip():  # nothing may follow a block; the grammar ends the reply there
             self._say(events, rest, reasoning=False)
         self.pos = len(self.buf)
+
+    def _end_cut(self) -> None:
+        """The reply was cut inside its call block: what is left of the block is dropped, the calls stay."""
+        self.pos = len(self.buf)
+        self.mode = "done"
 
     def _break(self, events: list) -> None:
         """The block did not read as its syntax says (no grammar wrote it, e.g. a model writing the
@@ -256,6 +283,14 @@ class ReplyReader:
         if reasoning:
             message["reasoning_content"] = reasoning.strip()
         return message
+
+
+def _partial_tail(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that is a beginning of `marker` (0: none)."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
 
 
 def _merge(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

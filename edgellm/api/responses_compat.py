@@ -15,6 +15,7 @@ a later `previous_response_id` rebuilds the conversation from the record alone, 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -734,8 +735,19 @@ def output_items(hexid: str, message: dict[str, Any] | None, status: str) -> lis
         items.append(message_item(hexid, content, item_status))
     for i, call in enumerate(calls):
         fn = call.get("function") or {}
-        items.append(call_item(hexid, i, call.get("id"), fn.get("name"), fn.get("arguments", ""), "completed"))
+        arguments = fn.get("arguments", "")
+        call_status = "incomplete" if status == "incomplete" and not whole_arguments(arguments) else "completed"
+        items.append(call_item(hexid, i, call.get("id"), fn.get("name"), arguments, call_status))
     return items
+
+
+def whole_arguments(arguments: str) -> bool:
+    """Whether a call's arguments are whole: a call max_tokens cut has them only as far as they go."""
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def reasoning_item(hexid: str, text: str | None, status: str) -> dict[str, Any]:
@@ -920,7 +932,8 @@ class EventStream:
         index, item, text = cur["index"], dict(cur["item"]), cur["text"]
         status = "completed"
         if response is not None and response["status"] != "completed":
-            if response["status"] != "incomplete" or cur["kind"] != "function_call":  # a call is whole
+            # A call is whole unless max_tokens cut it (its arguments as far as they go: output_items).
+            if response["status"] != "incomplete" or cur["kind"] != "function_call" or not whole_arguments(text):
                 status = "incomplete"
         item["status"] = status
         events = []

@@ -61,6 +61,8 @@ def build_result(request_id: str, model_name: str, out: RequestOutput) -> dict[s
         completion["truncated_structure"] = True
     if out.guide_notes:  # what of the schema generation did not enforce; the whole schema was checked after
         completion["x_edgellm"] = {"guide_notes": list(out.guide_notes)}
+        if out.schema_retried:  # the first draw failed the schema: this answer is the second (and last) one
+            completion["x_edgellm"]["schema_retried"] = True
         completion["schema_valid"] = not any(s.schema_error for s in samples)
     if out.guided_incomplete:  # cut before the guide could end (OpenAI-shaped routes answer it, "length")
         completion["guided_incomplete"] = True
@@ -82,10 +84,13 @@ def answer_text(sample: RequestOutput) -> str:
 
 
 def finish_reason(sample: RequestOutput) -> str | None:
-    """OpenAI's finish_reason: "tool_calls" when the reply is tool calls (each one whole: a cut call is
-    never read as one, and the engine fails its request)."""
+    """OpenAI's finish_reason: "tool_calls" when the reply is tool calls, each one whole; "length" when
+    max_tokens cut a call (guided_incomplete, the OpenAI-shaped routes: the seed endpoints' engine fails
+    such a request), as OpenAI and llama-server answer it."""
     if sample.finish_reason is None:
         return None
+    if sample.guided_incomplete and sample.finish_reason is FinishReason.LENGTH:
+        return FinishReason.LENGTH.value  # cut inside its guide: whatever calls it holds, the last is cut
     # A call closed early to fit max_tokens ("length" otherwise) is whole and valid all the same.
     ended = sample.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     if ended and sample.message and sample.message.get("tool_calls"):

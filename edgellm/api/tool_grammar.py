@@ -18,7 +18,8 @@ from typing import Any
 
 from edgellm.engine.chat_format import CallSyntax
 from edgellm.engine.guide_llguidance import JSON_OPTIONS
-from edgellm.engine.json_closing import literal_tokens, required_keys
+from edgellm.engine.json_closing import literal_tokens
+from edgellm.engine.json_cursor import shortest_tokens
 from edgellm.engine.types import GuideKind, GuideSpec, StructureHint
 
 
@@ -61,11 +62,12 @@ def tool_guide(
         after = None
     lark = "\n".join(["%llguidance {}", start, *rules]) + "\n"
     # Kept for closing inside max_tokens: what the grammar still writes after the JSON (the call's end
-    # tag, the block's close), and the required keys of the costliest tool. Those are reserved whole,
-    # not struck off as they appear (json_closing's way): with parallel calls each call writes them again.
-    required = max(sum(n for _, n in required_keys(t["function"]["parameters"])) for t in tools)
-    reserve = literal_tokens(syntax.end + syntax.close) + 1 + required
-    return GuideSpec(GuideKind.EBNF, lark), StructureHint(after, (), reserve)
+    # tag, the block's close), and the shortest arguments of the costliest tool. Those are reserved
+    # whole, not followed against the schema (the JSON followed is the call's envelope): with parallel
+    # calls each call writes them again.
+    arguments = max(shortest_tokens(t["function"]["parameters"]) for t in tools)
+    reserve = literal_tokens(syntax.end + syntax.close) + 1 + arguments
+    return GuideSpec(GuideKind.EBNF, lark), StructureHint(after, reserve)
 
 
 def _closed(schema: dict[str, Any]) -> dict[str, Any]:

@@ -651,8 +651,11 @@ def clear_caches() -> int:
 class Guide:
     """One request's matcher: mask the next token, accept the sampled one."""
 
-    def __init__(self, matcher: LLMatcher, notes: list[str] | None = None):
+    def __init__(
+        self, matcher: LLMatcher, notes: list[str] | None = None, tokenizer: llguidance.LLTokenizer | None = None
+    ):
         self.matcher = matcher
+        self._tokenizer = tokenizer
         # What of its JSON schema this guide does not enforce (guide_notes): the answer is checked after.
         self.notes = notes or []
 
@@ -666,6 +669,16 @@ class Guide:
 
     def accept(self, token: int) -> bool:
         return self.matcher.consume_token(token)
+
+    def count_tokens(self, data: bytes) -> int:
+        """Tokens the model's tokenizer splits `data` into (the closing plan counts keys with it)."""
+        if self._tokenizer is None:
+            return len(data) // 2 + 1
+        return len(self._tokenizer.tokenize_bytes(data))
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar would accept from here (nothing is consumed)."""
+        return self.matcher.validate_tokens(tokens)
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar allows no alternative to (e.g. the next JSON key): fed without sampling."""
@@ -744,7 +757,7 @@ class GuideBackend:
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GuideError(f"invalid {spec.kind.value} guide: {short_error(matcher.get_error())}")
-        return Guide(matcher, guide_notes(spec, warnings))
+        return Guide(matcher, guide_notes(spec, warnings), self.tokenizer)
 
     def allowed(self, row: int) -> np.ndarray:
         """Boolean mask of allowed tokens for bitmask row `row` (after Guide.fill_mask)."""

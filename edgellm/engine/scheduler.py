@@ -13,6 +13,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import wait as futures_wait
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,11 +34,16 @@ from edgellm.engine.step_plan import StepPlan, schedule
 from edgellm.engine.tasks import Tasks, cancel_reason, cancel_text
 from edgellm.engine.thinking import prompt_opens
 from edgellm.engine.token_step import Finish, TokenStep
-from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, GuideKind
+from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, GuideKind, StopCause
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest, QueueFull
 from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
+
+# An answer failing the schema keywords generation does not enforce is drawn once more (_retry_for_schema):
+# with a seed this far from its own, and, where it was greedy, at this temperature.
+RETRY_SEED_STEP = 0x9E3779B1
+RETRY_TEMPERATURE = 0.7
 
 
 class Scheduler:
@@ -721,19 +727,22 @@ class Scheduler:
         first = slot.first_token_at or now
         n_gen = len(slot.generated)
         decode_s = now - first
-        # Cut by max_tokens where the grammar could not end (inside a JSON object, not after free text
-        # of a structural tag or a complete regex match): the text does not conform.
-        cut = slot.guide is not None and reason is FinishReason.LENGTH and error is None
+        # Cut by max_tokens, the context's end or a stop string where the grammar could not end (inside a
+        # JSON object, not after free text of a structural tag or a complete regex match): the text does
+        # not conform.
+        by_stop = reason is FinishReason.STOP and finish.cause is StopCause.STOP_STRING
+        cut = slot.guide is not None and (reason is FinishReason.LENGTH or by_stop) and error is None
         cut = cut and not slot.guide.is_accepting()
         # Steering gave the structure its shortest valid ending (not a cut one): report it as "length".
         truncated = slot.closing and not cut and error is None and reason in (FinishReason.STOP, FinishReason.LENGTH)
         if truncated and not cut:
             reason = FinishReason.LENGTH  # complete, but only because the budget forced the shortest ending
         if cut and not slot.request.cut_structure_ok:
+            at = "by a stop string" if by_stop else "at max_tokens"
             what = (
-                "a tool call was cut at max_tokens before it was complete (raise max_tokens)"
+                f"a tool call was cut {at} before it was complete" + (" (raise max_tokens)" if not by_stop else "")
                 if slot.request.structure is not None
-                else "structured output was cut at max_tokens before the grammar completed"
+                else f"structured output was cut {at} before the grammar completed"
             )
             error, error_type = f"{what}; the partial text does not conform", "generation_failed"
         if (
@@ -747,10 +756,13 @@ class Scheduler:
             # did not produce structured output: never report "" as a success.
             error, error_type = "structured output is empty: the guide admitted no content", "generation_failed"
         schema_error = self._schema_error(slot) if error is None and reason is not FinishReason.ABORT else None
+        if schema_error is not None and self._retry_for_schema(slot):
+            return None  # its answer is the retry's
         out = slot.take_delta(final=True)
         if slot.guide is not None and slot.guide.notes:
             out.guide_notes, out.schema_error = slot.guide.notes, schema_error
         out.guided_incomplete = cut and error is None
+        out.schema_retried = slot.request.schema_retry
         out.finish_reason = reason
         out.prompt_tokens = len(slot.prompt)
         out.completion_tokens = n_gen
@@ -781,6 +793,25 @@ class Scheduler:
             self._aborted.add(group.request.request_id)
             combined = group.cancel_unstarted(FinishReason.ABORT, "another sample of this request failed")
         return self._group_done(group, combined)
+
+    def _retry_for_schema(self, slot: Slot) -> bool:
+        """Whether an answer that fails the parts of its schema generation did not enforce is drawn once
+        more (queued first, a fresh seed; greedy sampling is warmed to RETRY_TEMPERATURE, or the same
+        answer would come back): only when nothing of it was sent yet (not streamed), for a request
+        of one sample that was not retried already. Its prompt's KV is kept for it (the slot's commit)."""
+        request = slot.request
+        if request.stream or request.schema_retry or slot.group is not None or request.n > 1:
+            return False
+        sampling = replace(
+            request.sampling,
+            seed=(request.sampling.seed + RETRY_SEED_STEP) & 0xFFFFFFFF,
+            temperature=request.sampling.temperature or RETRY_TEMPERATURE,
+        )
+        retry = replace(request, sampling=sampling, schema_retry=True)
+        log.info("request %s: its answer fails its schema after generation; drawing it once more", slot.request_id)
+        slot.reset(commit=request.cache_commit)
+        self.waiting.appendleft(PreparedRequest(retry, self._preparer.submit(self._prepare, retry)))
+        return True
 
     @staticmethod
     def _schema_error(slot: Slot) -> str | None:

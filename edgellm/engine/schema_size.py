@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 INF = math.inf
@@ -28,15 +29,62 @@ _FORMAT_MIN = {
 _MAX_ROUNDS = 64  # fixed-point rounds: more means a ref chain this long, which is answered "unknown"
 
 
-class SchemaSize:
-    """Shortest-instance sizes of one schema document (its `$ref`s resolved against `root`)."""
+class Bytes:
+    """Sizes in bytes of compact JSON: what an instance takes in the output."""
 
-    def __init__(self, root: Any):
+    def key(self, name: str) -> float:
+        """An object key, quoted, written whole (the grammar forces it)."""
+        return _json_len(name)
+
+    def chars(self, n: int) -> float:
+        """Free characters of a value (string content, an enum value, `true`): one byte each."""
+        return n
+
+
+class Tokens(Bytes):
+    """Sizes in tokens, generous: what finishing an instance takes in the output budget.
+
+    A key is counted as the tokenizer splits it (`count`, when the caller has the model's tokenizer;
+    else ~2 bytes a token); what the model writes (string characters, an enum value, `true`) a token a
+    byte, because the closing steering prefers the shortest pieces; punctuation (quotes, brackets,
+    commas, colons) a token each, as in Bytes."""
+
+    def __init__(self, count: Callable[[bytes], int] | None = None):
+        self._count = count
+        self._keys: dict[str, int] = {}
+
+    def key(self, name: str) -> float:
+        if name not in self._keys:
+            text = json.dumps(name, ensure_ascii=False).encode("utf-8", "surrogatepass")
+            if len(self._keys) > 4096:
+                self._keys.clear()
+            self._keys[name] = self._count(text) if self._count is not None else len(text) // 2 + 1
+        return self._keys[name]
+
+
+class SchemaSize:
+    """Shortest-instance sizes of one schema document (its `$ref`s resolved against `root`), in bytes
+    or, with `unit=Tokens(...)`, in tokens.
+
+    `match_patterns=False` never runs a schema's regex (a required key is not matched against
+    patternProperties): the engine's worker uses it, where a client's pathological pattern must not
+    backtrack; the guide checks run it in their budgeted child process.
+
+    `worst_choice=True` sizes a choice (anyOf, an enum, a list of types) by its costliest finite option:
+    the closing steering prefers closers, it cannot tell which branch a first character leads into, so a
+    budget must hold whichever the model takes."""
+
+    def __init__(self, root: Any, unit: Bytes | None = None, match_patterns: bool = True, worst_choice: bool = False):
         self.root = root
+        self.worst_choice = worst_choice
+        self.unit = unit if unit is not None else Bytes()
+        self.match_patterns = match_patterns
         self._refs: dict[str, float] = {}  # $ref string -> current estimate (INF until proven finite)
         self._targets: dict[str, Any] = {}
         self.converged = True
+        self._memo: dict[int, tuple[dict, float]] | None = None  # id(node) -> (node, size), refs solved
         self._solve()
+        self._memo = {}
 
     # -- the fixed point over $ref targets --------------------------------------------------------
 
@@ -67,17 +115,36 @@ class SchemaSize:
         """The `$ref`s with no finite instance: the recursion with no way out (or a ref to nothing)."""
         return sorted(ref for ref in self._targets if self._refs.get(ref, INF) == INF)
 
+    def _pick(self, sizes: list[float]) -> float:
+        """The size of a choice (anyOf branches, enum values, types): the cheapest, or with worst_choice
+        the costliest finite one."""
+        if not self.worst_choice:
+            return min(sizes, default=INF)
+        return max((x for x in sizes if x != INF), default=INF)
+
     # -- one subschema, refs read from the table --------------------------------------------------
 
     def size(self, node: Any) -> float:
+        if self._memo is None or not isinstance(node, dict):
+            return self._size(node)
+        # Keyed by id, holding the node: a node made by a caller (an allOf of merged parts) stays alive
+        # while its entry does, so its id is never reused for another.
+        hit = self._memo.get(id(node))
+        if hit is None:
+            hit = self._memo[id(node)] = (node, self._size(node))
+        return hit[1]
+
+    def _size(self, node: Any) -> float:
         if node is True or node == {}:
             return 1  # any value: `0`
         if node is False or not isinstance(node, dict):
             return INF if node is False else 1
+        # A value's text is written by the model, a piece at a time (while closing, the shortest pieces
+        # win): its bytes count as free characters. Keys are literals: the grammar forces them whole.
         if "const" in node:
-            return _json_len(node["const"])
+            return self.unit.chars(_json_len(node["const"]))
         if isinstance(node.get("enum"), list):
-            return min((_json_len(v) for v in node["enum"]), default=INF)
+            return self._pick([self.unit.chars(_json_len(v)) for v in node["enum"]])
         best = self._own(node)
         ref = node.get("$ref")
         if isinstance(ref, str):
@@ -90,7 +157,7 @@ class SchemaSize:
         for key in ("anyOf", "oneOf"):
             branches = node.get(key)
             if isinstance(branches, list) and branches:
-                best = max(best, min(self.size(b) for b in branches))
+                best = max(best, self._pick([self.size(b) for b in branches]))
         return best
 
     def _own(self, node: dict) -> float:
@@ -102,16 +169,11 @@ class SchemaSize:
             types = _implied_types(node)
             if not types:
                 return 1
-        return min((self._typed(node, t) for t in types if isinstance(t, str)), default=INF)
+        return self._pick([self._typed(node, t) for t in types if isinstance(t, str)])
 
     def _typed(self, node: dict, kind: str) -> float:
         if kind == "string":
-            chars = _count(node, "minLength")
-            pattern = node.get("pattern")
-            if isinstance(pattern, str):
-                chars = max(chars, pattern_min_chars(pattern))
-            fmt = node.get("format")
-            return max(2 + chars, _FORMAT_MIN.get(fmt, 2) if isinstance(fmt, str) else 2)
+            return 2 + self.unit.chars(min_string_chars(node))
         if kind == "array":
             return self._array(node)
         if kind == "object":
@@ -119,9 +181,9 @@ class SchemaSize:
         if kind in ("integer", "number"):
             low = node.get("minimum", node.get("exclusiveMinimum"))
             if isinstance(low, int | float) and not isinstance(low, bool) and low > 9:
-                return len(str(int(min(low, 1e300))))
+                return self.unit.chars(len(str(int(min(low, 1e300)))))
             return 1
-        return _TYPE_MIN.get(kind, INF)
+        return self.unit.chars(_TYPE_MIN[kind]) if kind in _TYPE_MIN else INF
 
     def _array(self, node: dict) -> float:
         n = _count(node, "minItems")
@@ -147,20 +209,22 @@ class SchemaSize:
         total = 2.0
         for i, key in enumerate(dict.fromkeys(required)):
             sub = props.get(key)
-            if sub is None:
+            if sub is None and self.match_patterns:
                 sub = _pattern_schema(node, key)
             value = self.size(sub if sub is not None else node.get("additionalProperties", True))
-            total += _json_len(key) + 1 + value + (1 if i else 0)
+            total += self.unit.key(key) + 1 + value + (1 if i else 0)
             if total == INF:
                 return INF
         extra = _count(node, "minProperties") - len(set(required))
         if extra > 0:  # the cheapest other properties (declared ones first, else any key)
-            optional = sorted(_json_len(k) + 1 + self.size(s) for k, s in props.items() if k not in required)
+            optional = sorted(self.unit.key(k) + 1 + self.size(s) for k, s in props.items() if k not in required)
             costs = optional[:extra]
             if len(costs) < extra:  # then keys of a patternProperties pattern, or any key
                 patterns = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
-                fresh = [3 + max(1, pattern_min_chars(p)) + self.size(sub) for p, sub in patterns.items()]
-                fresh.append(4 + self.size(node.get("additionalProperties", True)))
+                fresh = [
+                    3 + self.unit.chars(max(1, pattern_min_chars(p))) + self.size(sub) for p, sub in patterns.items()
+                ]
+                fresh.append(3 + self.unit.chars(1) + self.size(node.get("additionalProperties", True)))
                 costs += [min(fresh)] * (extra - len(costs))
             total += sum(costs) + extra
         return total
@@ -183,6 +247,17 @@ def resolve(root: Any, ref: str) -> Any:
         else:
             return None
     return node
+
+
+def min_string_chars(node: dict) -> int:
+    """The fewest characters a string matching `node` has: its minLength, its pattern's shortest match,
+    its format's shortest value (no regex is run: the pattern is only parsed)."""
+    chars = _count(node, "minLength")
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        chars = max(chars, pattern_min_chars(pattern))
+    fmt = node.get("format")
+    return max(chars, _FORMAT_MIN.get(fmt, 2) - 2 if isinstance(fmt, str) else 0)
 
 
 def pattern_min_chars(pattern: str) -> int:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from edgellm.engine.draft import Acceptance
 from edgellm.engine.guide_llguidance import Guide
-from edgellm.engine.json_closing import JsonDepth, TagFollower, required_keys
+from edgellm.engine.json_closing import TagFollower
+from edgellm.engine.json_cursor import JsonCursor
 from edgellm.engine.prepared import PreparedRequest, Prompt
 from edgellm.engine.projector import MediaSpan
 from edgellm.engine.thinking import ThinkState
@@ -87,22 +88,24 @@ class Slot:
         # JSON output is followed so that it can be closed within max_tokens (engine/json_closing.py):
         # from where it starts (after a reasoning block; after the tool-call trigger of a tool grammar).
         hint = self.request.structure
-        self.json: JsonDepth | None = None
+        self.json: JsonCursor | None = None
         self.json_after: bytes | None = None
         self.json_reserve = 0
         # A structural tag's structures sit in free text: each is followed from its `begin` to its end.
         self.tag: TagFollower | None = None
         if guide_kind is GuideKind.STRUCTURAL_TAG:
-            self.tag = TagFollower(self.request.guide.spec)
+            self.tag = TagFollower(self.request.guide.spec, guide.count_tokens if guide is not None else None)
         elif hint is not None and self.request.guide is not None:
-            self.json = JsonDepth(list(hint.required))
+            self.json = JsonCursor()
             self.json_after = hint.after.encode() if hint.after else None
             self.json_reserve = hint.reserve
         elif guide_kind in (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA):
             schema = self.request.guide.spec if guide_kind is GuideKind.JSON_SCHEMA else None
-            self.json = JsonDepth(required_keys(schema))
+            self.json = JsonCursor(schema, guide.count_tokens if guide is not None else None)
         self.json_from: int | None = None  # where, in `data`, the JSON starts (once known)
-        self.json_fed = 0  # of `data`, what the JsonDepth has seen
+        if self.json is not None and self.tag is None and self.think is None and self.json_after is None:
+            self.json_from = 0  # from the first token: the closing may have to steer that one already
+        self.json_fed = 0  # of `data`, what the JsonCursor has seen
         self.closing = False  # steering to the shortest valid ending is on
         self.acceptance = Acceptance()  # how often this request's drafts are accepted (engine/draft.py)
         self._stops = [s.encode("utf-8", "surrogatepass") for s in self.request.sampling.stop if s]
@@ -147,7 +150,7 @@ class Slot:
                 return
             self.json_from, structure = found
             self.json_fed = self.json_from
-            self.json = JsonDepth(list(structure.required))
+            self.json = JsonCursor(structure.schema, self.tag.count_tokens)
             self.json_reserve = structure.end_tokens
         self.json.feed(bytes(self.data[self.json_fed :]))
         self.json_fed = len(self.data)

@@ -33,6 +33,15 @@ class Finish:
     cause: StopCause | None = None  # with FinishReason.STOP: what stopped it
 
 
+# The deadline's share of the closing budget: measured from this many tokens on (the first ones say little
+# of the pace), with a margin for a pace that slows (another request joins the batch).
+DEADLINE_PACE_TOKENS = 4
+DEADLINE_MARGIN = 0.75
+
+# Missing required keys tried, in order, for the one the grammar takes next (a tokenize and a validate
+# each; the first one is the grammar's but for alternatives of an anyOf).
+MAX_KEY_TRIES = 4
+
 _JSON_KINDS_AND_TAGS = (GuideKind.JSON_OBJECT, GuideKind.JSON_SCHEMA, GuideKind.STRUCTURAL_TAG)  # tags: JSON inside
 
 
@@ -130,6 +139,9 @@ class TokenStep:
                     if params.num_logprobs > 0:
                         unsteered = row.copy()  # logprobs stay the model's, not the steering's
                     row += STEER * (inside if slot.json.in_string else outside)
+                    key = self._required_key_token(slot)
+                    if key is not None:  # a required key is due: write it, not the shortest optional one
+                        row[key] = row.max() + STEER
             elif slot.tag is not None and self.close_json:
                 left = self._budget_left(slot)
                 if left <= slot.tag.entry_cost:  # too late to begin a structure and finish it: steer away
@@ -160,14 +172,7 @@ class TokenStep:
         for t in forced:
             slot.add_token(t, self.model.piece(t))
         self.stats.generated_tokens += 1 + len(forced)
-        if slot.hit_stop(before):
-            if slot.guide is not None and not slot.guide.is_done():
-                return Finish(
-                    FinishReason.ERROR,
-                    "a stop string cut the structured output before the grammar completed; "
-                    "the partial text does not conform",
-                    "generation_failed",
-                )
+        if slot.hit_stop(before):  # before the guide could end, the scheduler reports it as cut
             return Finish(FinishReason.STOP, cause=StopCause.STOP_STRING)
         if slot.guide is not None and slot.guide.is_done():
             return Finish(FinishReason.STOP, cause=StopCause.GUIDE)
@@ -176,11 +181,29 @@ class TokenStep:
         slot.pending = [token, *forced]
         return None
 
+    def _required_key_token(self, slot: Slot) -> int | None:
+        """The first token of the first missing required key the cursor names (JsonCursor.key_targets)
+        that the grammar accepts from here (with the separator's space before it where one is due)."""
+        for target in slot.json.key_targets()[:MAX_KEY_TRIES]:
+            variants = (target, b" " + target) if target.startswith(b'"') else (target,)
+            for text in variants:
+                tokens = self.model.tokenize(text.decode("utf-8", "replace"), special=False)
+                if tokens and slot.guide.valid_prefix(tokens) == len(tokens):
+                    return tokens[0]
+        return None
+
     def _budget_left(self, slot: Slot) -> int:
-        """Tokens the answer may still take: the least of what max_tokens leaves and what the context
-        leaves (a long prompt ends the output at the slot's end, before max_tokens): closing plans for
-        whichever ends it first."""
-        return min(slot.request.sampling.max_tokens - len(slot.generated), self.model.slot_ctx - slot.cells - 1)
+        """Tokens the answer may still take: the least of what max_tokens leaves, what the context leaves
+        (a long prompt ends the output at the slot's end, before max_tokens) and what the request's
+        deadline leaves at this slot's own pace so far: closing plans for whichever ends it first."""
+        left = min(slot.request.sampling.max_tokens - len(slot.generated), self.model.slot_ctx - slot.cells - 1)
+        deadline, n = slot.request.deadline, len(slot.generated)
+        if deadline is not None and slot.first_token_at is not None and n >= DEADLINE_PACE_TOKENS:
+            spent = time.monotonic() - slot.first_token_at
+            if spent > 0:
+                pace = (n - 1) / spent  # tokens a second, forced ones included
+                left = min(left, int((deadline - time.time()) * pace * DEADLINE_MARGIN))
+        return left
 
     def _room(self, slot: Slot) -> int:
         """Tokens that may be fed after the one just sampled: max_tokens, the slot's context, one batch."""

@@ -85,11 +85,10 @@ class ThinkingSpec:
 class StructureHint:
     """Where a guide's JSON is, for closing it inside max_tokens (engine/json_closing.py) when the
     guide's kind does not say it (a tool-call grammar): it starts after `after` (the format's trigger;
-    None: at the answer's start), `required` as json_closing.required_keys gives, and `reserve` tokens
-    more are kept for what the grammar writes after the JSON (a closing tag)."""
+    None: at the answer's start), and `reserve` tokens more are kept for what the grammar writes after
+    the JSON (a closing tag) and for the arguments it forces (the costliest tool's shortest ones)."""
 
     after: str | None = None
-    required: tuple[tuple[str, int], ...] = ()
     reserve: int = 0
 
 
@@ -139,6 +138,9 @@ class EngineRequest:
     # Structured output cut by max_tokens is returned as it is, finish "length", not as an error
     # (the OpenAI route, as OpenAI and llama-server do); the seed endpoints keep their 422.
     cut_structure_ok: bool = False
+    # This is the second draw of an answer that failed its schema's unenforced keywords (Scheduler
+    # ._retry_for_schema): it is not drawn again, and its output says it was retried.
+    schema_retry: bool = False
     # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).
     media: list[MediaInput] = field(default_factory=list)
     # Samples of this prompt (OpenAI `n`): the prompt is decoded once and its KV copied to n slots;
@@ -217,6 +219,7 @@ class EngineOutput:
     # final: the output was cut (max_tokens, the context's end) before its guide could end, and the route
     # takes that as an answer (cut_structure_ok): the text is partial and does not conform
     guided_incomplete: bool = False
+    schema_retried: bool = False  # final: the answer is a second draw, the first failed its schema
     index: int = 0  # which of the request's n samples this output is about
     reasoning_open: bool = False  # the prompt opened the reasoning block: the output starts inside it
     reasoning_tokens: int = 0  # final: tokens of the reasoning block (its markers included)

@@ -124,7 +124,15 @@ async def _events(
                 if out.choices:  # a sample's last text comes with the request's end
                     for chunk in delta_chunks(sample):
                         yield chunk
-                yield _sse(chunk_body(request_id, model, created, {}, finish_reason(sample), index=sample.index))
+                last = chunk_body(request_id, model, created, {}, finish_reason(sample), index=sample.index)
+                if sample.guided_incomplete:  # cut inside its guide, as the non-streamed choice says
+                    last["choices"][0]["guided_incomplete"] = True
+                if out.guide_notes:  # its schema was checked after generation: the verdict, as non-streamed
+                    last["x_edgellm"] = {"guide_notes": list(out.guide_notes)}
+                    last["choices"][0]["schema_valid"] = not sample.schema_error
+                    if sample.schema_error:
+                        last["choices"][0]["schema_error"] = sample.schema_error
+                yield _sse(last)
         else:
             yield _sse({"error": {"message": error, "type": "server_error", "param": None, "code": error_type}})
         if opts.include_usage:

@@ -93,6 +93,38 @@ def test_a_block_that_does_not_read_as_its_syntax_stays_content(fmt):
         assert message["content"] == "Hi " + broken
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_block_cut_at_max_tokens_keeps_its_calls_as_far_as_they_go(fmt):
+    """Cut inside its grammar (guided_incomplete, the OpenAI-shaped routes): at every byte of a two-call block,
+    streamed or whole, the whole calls, then the cut one once its name is whole with its arguments so far;
+    never a byte of the block's syntax as content."""
+    syntax = ChatFormat(fmt).syntax
+    text, calls = "Sure. ", []  # calls: (name, where its name ends, where its arguments begin and end)
+    for i, (name, args) in enumerate([("get_weather", '{"city": "Pa\\"ris"}'), ("add", '{"a": 1}')]):
+        text += (syntax.open if i == 0 else syntax.sep) + syntax.pre + json.dumps(name)
+        named, begin = len(text), len(text) + len(syntax.mid)
+        text += syntax.mid + args
+        calls.append((name, named, begin, len(text)))
+        text += syntax.end
+    text += syntax.close
+    for cut in range(len("Sure. "), len(text) + 1):
+        expected = [(name, text[begin : min(cut, end)]) for name, named, begin, end in calls if cut >= named]
+        for chunk in (1, 4, len(text)):
+            reader = ReplyReader(ReplySpec(syntax=syntax))
+            part = text[:cut]
+            pieces = [part[i : i + chunk] for i in range(0, len(part), chunk)] or [""]
+            events = []
+            for k, piece in enumerate(pieces):
+                events += reader.feed(piece, final=k == len(pieces) - 1, cut=True)
+            message = reader.message()
+            content, _, streamed = _accumulate(events)
+            assert content == "Sure. ", (cut, content)  # the text before the trigger, never the block's syntax
+            assert message["content"] == ("Sure." if expected else "Sure. ")
+            got = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+            assert got == expected, (cut, part)
+            assert [(c["name"], c["arguments"]) for c in streamed] == expected
+
+
 def test_mistral_ids_are_nine_characters():
     syntax = ChatFormat(ToolFormat.MISTRAL).syntax
     text = syntax.open + _call(syntax, "f", "{}") + syntax.close

@@ -118,7 +118,7 @@ def test_tool_fields_are_normalised_and_stored():
     assert request.thinking_budget_tokens == 256
     assert request.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris", "unit": "c"}'
     assert request.messages[2]["tool_call_id"] == "c1"
-    assert not request.cut_structure_ok  # a cut call is a 422, never a call that does not parse
+    assert request.cut_structure_ok  # a call cut at max_tokens: a 200, "length", its arguments as far as they go
     again = type(request).from_params(request.params_dict(), {})  # as a restart reads it back
     assert again.tools == request.tools and again.messages == request.messages
 
@@ -127,6 +127,7 @@ def test_the_seed_endpoints_take_the_same_fields_top_level_or_in_extras():
     top = parse_chat_request({"messages": USER, "tools": TOOLS, "tool_choice": "required"})
     extras = parse_chat_request({"messages": USER, "extras": {"tools": TOOLS, "tool_choice": "required"}})
     assert top.tools == extras.tools and top.tool_choice == extras.tool_choice == "required"
+    assert not top.cut_structure_ok  # here a call cut at max_tokens stays the documented 422
 
 
 # -- the grammar ------------------------------------------------------------------------------------

@@ -280,6 +280,12 @@ def test_an_unenforced_keyword_is_noted_and_the_answer_judged_by_the_whole_schem
     assert out.guide_notes == ["uniqueItems at /properties/tags is not enforced while generating (checked after)"]
     assert len(json.loads(out.text)["tags"]) >= 3  # the enforced part holds
     assert out.schema_error is not None and "unique" in out.schema_error.lower(), out.schema_error
+    assert out.schema_retried  # drawn a second time (fresh seed, warmed from greedy) before it is returned
+    # Streamed, its text is out before it can be judged: judged all the same, never drawn again.
+    streamed = req("us", "List three tags as JSON.", guide=spec, temperature=0.0, max_tokens=60)
+    streamed.stream = True
+    out = engine.one(streamed)
+    assert out.schema_error is not None and not out.schema_retried
 
 
 def test_a_fully_enforced_schema_has_no_notes(engine):

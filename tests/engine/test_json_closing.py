@@ -1,4 +1,5 @@
-"""Structured output that finishes inside max_tokens (engine/json_closing.py), on the real engine.
+"""Structured output that finishes inside max_tokens (engine/json_closing.py, engine/json_cursor.py), on
+the real engine.
 
 The bundled 135M model asked for JSON often writes until max_tokens cuts the object. Near the end of
 the budget the sampler is steered, inside the grammar mask, to the shortest valid ending: the output
@@ -13,7 +14,8 @@ import json
 import jsonschema
 import pytest
 
-from edgellm.engine.json_closing import JsonDepth, closing_scores, required_keys
+from edgellm.engine.json_closing import closing_scores
+from edgellm.engine.json_cursor import SLACK_TOKENS, JsonCursor, shortest_tokens
 from edgellm.engine.types import EngineRequest, FinishReason, GuideKind, GuideSpec, SamplingParams
 
 SEED_003_JSON_ONLY = [
@@ -44,21 +46,114 @@ def run(engine, rid: str, messages, guide: GuideSpec, max_tokens: int, seed: int
     return engine.one(EngineRequest(rid, messages, sampling, guide=guide, cache_lookup=False))
 
 
-def test_depth_follows_strings_escapes_and_nesting():
-    d = JsonDepth()
+INVOICE = {
+    "type": "object",
+    "properties": {
+        "customer_name": {"type": "string"},
+        "amount": {"type": "number"},
+        "items": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "product": {"type": "string"},
+                    "quantity": {"type": "integer"},
+                    "price": {"type": "number"},
+                },
+                "required": ["product", "quantity", "price"],
+            },
+        },
+    },
+    "required": ["customer_name", "amount", "items"],
+}
+
+
+def owed_after(schema, text: bytes) -> int:
+    cursor = JsonCursor(schema)
+    cursor.feed(text)
+    return cursor.tokens_to_close()
+
+
+def test_the_cursor_follows_strings_escapes_and_nesting():
+    d = JsonCursor()
     d.feed(b'{"a": [1, {"b": "x\\"}')
     assert (d.depth, d.in_string) == (3, True)  # the escaped quote does not end the string
     d.feed(b'"}]')
     assert (d.depth, d.in_string) == (1, False)
+    d.feed(b"}")
+    assert d.depth == 0 and d.closed_at == len(b'{"a": [1, {"b": "x\\"}"}]}')
 
 
-def test_required_keys_of_a_schema_are_counted_until_written():
-    keys = dict(required_keys(NESTED))
-    assert set(keys) == {"name", "tags", "address", "scores", "age", "city", "zip"}
-    d = JsonDepth(required_keys(NESTED))
-    before = d.tokens_to_close()
-    d.feed(b'{"name": "Ann", "age": 3')
-    assert d.tokens_to_close() == before - keys["name"] - keys["age"] + 1  # one level open now
+def test_required_keys_are_owed_per_open_object_at_every_depth():
+    whole = owed_after(INVOICE, b"")
+    # Nothing written: the shortest instance, and what the first token may begin (INVOICE has no optional key).
+    assert whole == shortest_tokens(INVOICE) + SLACK_TOKENS + 1 + 6
+    # The second item of the array owes its keys again (a flat list struck off by name would not).
+    first = owed_after(
+        INVOICE, b'{"amount": 1, "customer_name": "", "items": [{"price": 1, "product": "", "quantity": 1}, {'
+    )
+    second = owed_after(INVOICE, b'{"amount": 1, "customer_name": "", "items": [{')
+    assert (
+        first
+        == second
+        > owed_after(INVOICE, b'{"amount": 1, "customer_name": "", "items": [{"price": 1, "product": ""')
+    )
+    # Written keys are struck off in their own object only.
+    assert owed_after(INVOICE, b'{"amount": 1') < owed_after(INVOICE, b"{")
+
+
+def test_an_array_owes_its_min_items_and_a_string_its_min_length():
+    array = {"type": "array", "items": {"type": "string", "minLength": 5}, "minItems": 3}
+    assert owed_after(array, b'["abcde", "') > owed_after(array, b'["abcde", "abcde", "abcde"')
+    assert owed_after(array, b'["a') - owed_after(array, b'["abcd') == 3  # four characters more owed, one less
+
+
+def test_after_a_comma_the_next_item_is_owed_and_before_it_what_one_token_may_begin():
+    array = {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]}}
+    # After an item, one token (`, {"`) may begin the next: its cost is kept in reserve already.
+    reserve = owed_after(array, b'[{"k": ""}') - owed_after(array, b'[{"k": ""}]')
+    assert reserve >= 1 + shortest_tokens(array["items"])
+    assert owed_after(array, b'[{"k": ""}, ') > owed_after(array, b'[{"k": ""}')  # now it is owed
+
+
+def test_an_anyof_is_narrowed_by_the_keys_written():
+    schema = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {"b": {"type": "string"}, **{f"r{i}": {"type": "string"} for i in range(8)}},
+                "required": ["b", *(f"r{i}" for i in range(8))],
+                "additionalProperties": False,
+            },
+        ]
+    }
+    opened, took_a, took_b = (owed_after(schema, t) for t in (b"{", b'{"a": ""', b'{"b": ""'))
+    assert took_a < took_b < opened  # "a" leaves only the small branch open; "b" the big one, less its key
+
+
+def test_the_next_required_key_is_named_in_the_grammars_order():
+    cursor = JsonCursor(INVOICE)
+    cursor.feed(b'{"amount": 1, ')
+    assert cursor.key_targets() == [b'"customer_name"', b'"items"']
+    cursor.feed(b'"cus')
+    assert cursor.key_targets() == [b'tomer_name"']
+    cursor.feed(b'tomer_name": "')
+    assert cursor.key_targets() == []  # inside a value
+
+
+def test_a_schema_pattern_is_never_run_by_the_cursor():
+    # A catastrophic pattern, as a required key's only schema: the cursor sizes it without matching.
+    evil = {"type": "object", "patternProperties": {"^(a+)+$": {"type": "string"}}, "required": ["a" * 40 + "!"]}
+    cursor = JsonCursor(evil)
+    cursor.feed(b'{"' + b"a" * 40)
+    assert cursor.tokens_to_close() > 0
 
 
 def test_closing_tokens_score_above_openers_and_whitespace():

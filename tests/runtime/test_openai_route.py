@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import anthropic
 import httpx
 import jsonschema
 import openai
@@ -259,6 +260,71 @@ def test_structured_output_cut_by_max_tokens_is_200_length_as_openai_does(client
     # With a budget closing fits in, the answer parses and says it was closed early.
     r = client.chat.completions.create(model=model_id, messages=messages, response_format=fmt, max_tokens=24)
     jsonschema.validate(json.loads(r.choices[0].message.content), nested)
+
+
+# A tool whose one argument is long: no budget below forty tokens fits the call, even closed the shortest way.
+NOTE_PARAMS = {"type": "object", "properties": {"text": {"type": "string", "minLength": 200}}, "required": ["text"]}
+NOTE = {"type": "function", "function": {"name": "write_note", "description": "Save a note", "parameters": NOTE_PARAMS}}
+NOTE_ASK = [{"role": "user", "content": "Write a long note about the sea."}]
+# The generic format's envelope and the name take ~16 tokens: at 24 the arguments have begun.
+CUT_CALL = dict(messages=NOTE_ASK, tools=[NOTE], tool_choice="required", temperature=0, max_tokens=24)
+
+
+def assert_cut_call(name: str, arguments: str) -> None:
+    """The cut call as far as it goes: its name, and a beginning of its arguments' JSON text."""
+    assert name == "write_note" and arguments.startswith('{"text": "'), arguments
+    with pytest.raises(ValueError):
+        json.loads(arguments)
+
+
+def test_a_tool_call_cut_by_max_tokens_is_200_length_with_the_call_so_far(client, model_id, node):
+    """Issue 41: as OpenAI and llama-server, a call max_tokens cuts is a 200 with finish_reason "length" and
+    the call as far as it goes (flagged guided_incomplete), never its raw syntax as content; streamed, its
+    deltas then a "length" chunk, no error. The seed endpoints keep their 422."""
+    r = client.chat.completions.create(model=model_id, **CUT_CALL)
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.model_extra["guided_incomplete"] is True
+    assert r.model_extra["guided_incomplete"] is True and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert_cut_call(call.function.name, call.function.arguments)
+    chunks = list(client.chat.completions.create(model=model_id, stream=True, **CUT_CALL))
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"] and chunks[-1].choices[0].model_extra["guided_incomplete"] is True
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    parts = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert parts[0].function.name == "write_note" and {p.index for p in parts} == {0}
+    assert_cut_call(parts[0].function.name, "".join(p.function.arguments or "" for p in parts))
+    # Before the name is whole, no call: finish "length" all the same, and no syntax as content.
+    early = client.chat.completions.create(model=model_id, **{**CUT_CALL, "max_tokens": 6}).choices[0]
+    assert early.finish_reason == "length" and not early.message.tool_calls and not early.message.content
+    with node.client() as c:
+        body = {k: v for k, v in CUT_CALL.items() if k != "temperature"}
+        seed = c.post("/predict", json={**body, "max_tokens": 24})
+    assert seed.status_code == 422 and "tool call was cut at max_tokens" in seed.json()["result"]["error"]
+
+
+def test_responses_and_messages_answer_a_cut_tool_call_as_max_tokens(client, model_id, node):
+    """The same cut call on the Responses route (status incomplete, the call item incomplete with its
+    arguments so far) and the Anthropic one (stop_reason "max_tokens", streamed too, no error event)."""
+    flat = [{"type": "function", **NOTE["function"]}]
+    kw = dict(model=model_id, input=NOTE_ASK[0]["content"], tools=flat, tool_choice="required", max_output_tokens=24)
+    r = client.responses.create(temperature=0, **kw)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    (item,) = r.output
+    assert item.type == "function_call" and item.status == "incomplete"
+    assert_cut_call(item.name, item.arguments)
+    events = list(client.responses.create(temperature=0, stream=True, **kw))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output[0].status == "incomplete"
+    claude = anthropic.Anthropic(base_url=node.base, api_key="unused", max_retries=0, timeout=120)
+    tools = [{"name": "write_note", "description": "Save a note", "input_schema": NOTE_PARAMS}]
+    mk = dict(model=model_id, max_tokens=24, messages=NOTE_ASK, tools=tools, tool_choice={"type": "any"})
+    mk["extra_body"] = {"temperature": 0}
+    m = claude.messages.create(**mk)
+    assert m.stop_reason == "max_tokens" and [b.type for b in m.content] == ["tool_use"]
+    assert m.content[0].name == "write_note" and m.content[0].input == {}  # what parses of '{"text": "...'
+    with claude.messages.stream(**mk) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens" and [b.name for b in final.content] == ["write_note"]
 
 
 def test_n_samples_come_back_as_choices_streamed_or_not(client, model_id):
