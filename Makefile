@@ -87,7 +87,7 @@ endef
 #     of waiting (a rate-limit minute, switch bounds, restart backoff);
 #   tests/console (55): headless Chromium drives the page;
 #   test_tool_calls_http, test_infer_run, test_multimodal_http, test_speculative, test_json_closing,
-#     test_draft_model, test_draft_speculation, test_cpu_share (~200): engine-bound decoding whose
+#     test_closing_property, test_draft_model, test_draft_speculation, test_cpu_share (~250): engine-bound decoding whose
 #     parsers and routes run on 3.10 in the fast tests and the route tests;
 #   test_install_service (20): bash; its real install builds a 3.10 venv on every run anyway.
 VENV310 ?= .venv310
@@ -99,7 +99,7 @@ PY310_SKIP := tests/ratio1 tests/console tests/runtime/test_fuzz_openapi.py test
   tests/infer/test_infer_run.py tests/runtime/test_multimodal_http.py tests/engine/test_speculative.py \
   tests/engine/test_json_closing.py tests/engine/test_draft_model.py tests/engine/test_draft_speculation.py \
   tests/deploy/test_install_service.py tests/runtime/test_request_ids_and_shutdown.py tests/runtime/test_doctor.py \
-  tests/engine/test_cpu_share.py
+  tests/engine/test_cpu_share.py tests/engine/test_closing_property.py
 PY310_PYTEST := -q -p no:cacheprovider $(addprefix --ignore=,$(PY310_SKIP))
 test-py310: system-deps
 	$(call other_python_venv,$(VENV310),3.10)

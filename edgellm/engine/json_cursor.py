@@ -32,6 +32,11 @@ SLACK_TOKENS = 6
 MAX_ALTERNATIVES = 32
 # `$ref` hops followed to reach a container's schema (a chain of refs to refs; a loop ends here).
 MAX_REF_HOPS = 32
+# Bytes that continue a number or a literal (digits, sign, point, exponent, the letters of true/false/null).
+_SCALAR_BYTES = frozenset(b"0123456789+-.eEtrufalsn")
+# A number this long is ended at the next token the grammar lets end it (an int64 has 19 digits, a double
+# printed in full ~24 characters).
+MAX_NUMBER_CHARS = 24
 # Containers whose next key or item one token can reach (it can close two and begin in a third: `"}, {"`).
 RISK_FRAMES = 3
 # Bytes of a key kept while it is read (longer keys are never a schema's property names anyway).
@@ -168,6 +173,10 @@ class JsonCursor:
         self._pending: Any = self.root  # the schema of the next value to begin
         self._fed = 0
         self._begun = False  # the root value has begun
+        # Characters of the number or literal under way (0: none): a small model in a loop writes an
+        # integer of hundreds of digits, which the grammar allows and few clients can hold (token_step
+        # steers it to its end past MAX_NUMBER_CHARS).
+        self.scalar_chars = 0
 
     # -- following the text -----------------------------------------------------------------------
 
@@ -175,7 +184,10 @@ class JsonCursor:
         for i, c in enumerate(data):
             if self.in_string:
                 self._string_byte(c)
-            elif c == 0x22:  # "
+                continue
+            if self.scalar_chars and c not in _SCALAR_BYTES:
+                self.scalar_chars = 0  # the number or literal under way ended
+            if c == 0x22:  # "
                 self._begin_string()
             elif c in (0x7B, 0x5B):  # { [
                 schema = self._value_begins()
@@ -200,6 +212,9 @@ class JsonCursor:
                     self._touch()
             elif c not in (0x20, 0x0A, 0x0D, 0x09) and (self._stack[-1].may_value if self._stack else not self._begun):
                 self._value_begins()  # a number or a literal
+                self.scalar_chars = 1
+            elif self.scalar_chars:
+                self.scalar_chars += 1
         self._fed += len(data)
 
     def _string_byte(self, c: int) -> None:

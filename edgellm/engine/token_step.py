@@ -16,6 +16,7 @@ import numpy as np
 
 from edgellm.engine.guide_llguidance import GuideBackend
 from edgellm.engine.json_closing import STEER, closing_scores, tag_triggers, trigger_tokens
+from edgellm.engine.json_cursor import MAX_NUMBER_CHARS
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.sampler import NEG_INF, Sample, apply_penalties, sample_row
 from edgellm.engine.slot import Slot
@@ -134,7 +135,11 @@ class TokenStep:
             if slot.in_json and self.close_json:
                 left = self._budget_left(slot)
                 slot.closing = slot.closing or left <= slot.json.tokens_to_close() + slot.json_reserve
-                if slot.closing:  # steer, within the mask, to the shortest valid ending
+                if slot.json.scalar_chars >= MAX_NUMBER_CHARS and not slot.json.in_string:
+                    if params.num_logprobs > 0:
+                        unsteered = row.copy()
+                    row += STEER * self.closing_scores[0]  # a number in a loop of digits: end it here
+                elif slot.closing:  # steer, within the mask, to the shortest valid ending
                     outside, inside = self.closing_scores
                     if params.num_logprobs > 0:
                         unsteered = row.copy()  # logprobs stay the model's, not the steering's

@@ -205,3 +205,28 @@ def test_the_deadline_bounds_the_closing_budget(engine):
     assert 0 < step._budget_left(slot) <= int(2.0 * 10 * DEADLINE_MARGIN)
     request.deadline = time.time() - 1.0
     assert step._budget_left(slot) <= 0  # past it: close at once
+
+
+def test_a_model_looping_on_digits_gets_its_number_ended(engine):
+    """A "model" that only ever wants the digit 9 (a small model in a loop): the grammar allows an integer
+    of any length; past MAX_NUMBER_CHARS the steering ends the number where the grammar lets it end."""
+    from edgellm.engine.json_cursor import MAX_NUMBER_CHARS
+
+    scheduler = engine.scheduler
+    step, guides, model = scheduler.token_step, scheduler.guides, scheduler.model
+    (nine,) = model.tokenize("9", special=False)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    spec = GuideSpec(GuideKind.JSON_SCHEMA, schema)
+    guide = guides.compile(spec)
+    request = EngineRequest("nines", [], SamplingParams(temperature=0.0, max_tokens=300), guide=spec)
+    done: Future = Future()
+    done.set_result(None)
+    slot = Slot(0)
+    slot.start(PreparedRequest(request, done, prompt=[0]), guide)
+    loop = np.zeros(model.n_vocab, dtype=np.float32)
+    loop[nine] = 20.0
+    finish = None
+    while finish is None:
+        finish, _ = step.advance(slot, [loop.copy()], 0)
+    number = json.loads(bytes(slot.data))["n"]
+    assert guide.is_accepting() and MAX_NUMBER_CHARS <= len(str(number)) <= MAX_NUMBER_CHARS + 2, slot.data

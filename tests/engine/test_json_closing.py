@@ -148,6 +148,16 @@ def test_the_next_required_key_is_named_in_the_grammars_order():
     assert cursor.key_targets() == []  # inside a value
 
 
+def test_the_cursor_counts_the_number_under_way():
+    cursor = JsonCursor()
+    cursor.feed(b'{"a": 12')
+    assert cursor.scalar_chars == 2
+    cursor.feed(b"345, ")
+    assert cursor.scalar_chars == 0
+    cursor.feed(b'"b": [true, -1.5e')
+    assert cursor.scalar_chars == 5
+
+
 def test_a_schema_pattern_is_never_run_by_the_cursor():
     # A catastrophic pattern, as a required key's only schema: the cursor sizes it without matching.
     evil = {"type": "object", "patternProperties": {"^(a+)+$": {"type": "string"}}, "required": ["a" * 40 + "!"]}
