@@ -495,10 +495,10 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
 def _input(arguments: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments or "{}")
-    except ValueError:  # a call max_tokens cut (stop_reason "max_tokens"): its input as far as it parses
+    except (ValueError, RecursionError):  # a call max_tokens cut (stop_reason "max_tokens"): as far as it parses
         try:
             value = pydantic_core.from_json(arguments, allow_partial=True)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
     return value if isinstance(value, dict) else {}
 

@@ -78,7 +78,9 @@ class TextState:
             reason, cause = FinishReason.STOP, StopCause.STOP_STRING  # the stop string ended the answer first
         fed = delta or out.finished
         # A reply cut inside its grammar (guided_incomplete): its calls as far as they go, never their syntax as text.
-        cut = out.guided_incomplete and not self.stopped
+        # Cut by a stop string too: the API cut the text there, and a call block is still read as far as it
+        # goes (a stop string inside a call never leaks the call's syntax as content).
+        cut = out.guided_incomplete
         events = self.reader.feed(delta, final=out.finished, opened=out.reasoning_open, cut=cut) if fed else []
         return RequestOutput(
             out.request_id,

@@ -185,9 +185,7 @@ class RequestTable:
         return sorted(found, key=lambda d: d.order)
 
     def in_delivery(self, worker: str | None = None) -> int:
-        return sum(
-            1 for s in self._all() if s.delivery is not None and (worker is None or s.delivery.worker == worker)
-        )
+        return sum(1 for s in self._all() if s.delivery is not None and (worker is None or s.delivery.worker == worker))
 
     def delivered(self, key: str) -> Delivery | None:
         """The request's final output arrived (or it was given up): it is no longer in flight."""

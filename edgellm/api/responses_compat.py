@@ -178,9 +178,7 @@ def not_found(value: Any, param: str | None = None) -> UnknownRequest:
 
 
 # -- the request ------------------------------------------------------------------------------------
-def parse_responses_request(
-    body: Any, model_id: str | tuple[str, ...], *, max_messages: int = 512
-) -> ResponsesRequest:
+def parse_responses_request(body: Any, model_id: str | tuple[str, ...], *, max_messages: int = 512) -> ResponsesRequest:
     """A Responses body -> its parts, every Responses-only shape checked (a 400 naming its param).
 
     What both APIs share (messages' content, sampling bounds, schemas, tools' parameters) is checked
@@ -745,7 +743,7 @@ def whole_arguments(arguments: str) -> bool:
     """Whether a call's arguments are whole: a call max_tokens cut has them only as far as they go."""
     try:
         json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # cut, or nested past what the parser follows: not whole here
         return False
     return True
 

@@ -39,6 +39,10 @@ _SCALAR_BYTES = frozenset(b"0123456789+-.eEtrufalsn")
 MAX_NUMBER_CHARS = 24
 # Containers whose next key or item one token can reach (it can close two and begin in a third: `"}, {"`).
 RISK_FRAMES = 3
+# Schema nodes one container's alternatives may visit; past it, the rest reads as unknown.
+MAX_EXPAND_VISITS = 512
+# Entries of each memo before it is emptied (a schema's nodes, and the merged ones values make).
+MEMO_ENTRIES = 4096
 # Bytes of a key kept while it is read (longer keys are never a schema's property names anyway).
 MAX_KEY_BYTES = 512
 
@@ -87,7 +91,9 @@ class _Shape:
         return True
 
     def required(self) -> list[str]:
-        keys = [k for p in self.parts for k in (p.get("required") or []) if isinstance(k, str)]
+        keys = [
+            k for p in self.parts if isinstance(p.get("required"), list) for k in p["required"] if isinstance(k, str)
+        ]
         return list(dict.fromkeys(keys))
 
     def item(self, index: int) -> Any:
@@ -170,7 +176,10 @@ class JsonCursor:
         self._string_min = 0
         self._key = bytearray()
         self._stack: list[_Frame] = []
-        self._pending: Any = self.root  # the schema of the next value to begin
+        # Memos by id, each entry holding its node (so an id is not reused while its entry lives).
+        self._shape_memo: dict[int, tuple[dict, list[_Shape]]] = {}
+        self._expanded: dict[int, tuple[dict, list[_Shape]]] = {}
+        self._visits = 0
         self._fed = 0
         self._begun = False  # the root value has begun
         # Characters of the number or literal under way (0: none): a small model in a loop writes an
@@ -226,7 +235,7 @@ class JsonCursor:
             self.in_string = False
             if self._string_is_key and self._stack:
                 top = self._stack[-1]
-                top.key = self._key.decode("utf-8", "replace")
+                top.key = _key_text(bytes(self._key))
                 top.keys.add(top.key)
                 top.need_value = True  # its value is owed from here (the colon comes next)
                 self._touch()
@@ -374,31 +383,54 @@ class JsonCursor:
 
     def _shapes(self, schema: Any) -> list[_Shape]:
         """The alternatives of `schema` as conjunctions of schema objects ($ref followed, allOf merged,
-        anyOf/oneOf split); [] for an unknown schema."""
+        anyOf/oneOf split); [] for an unknown schema. Made once per schema object."""
         if not isinstance(schema, dict):
             return []
-        shapes = self._expand(schema, MAX_REF_HOPS)
-        return shapes[:MAX_ALTERNATIVES]
+        hit = self._shape_memo.get(id(schema))
+        if hit is None or hit[0] is not schema:
+            if len(self._shape_memo) > MEMO_ENTRIES:
+                self._shape_memo.clear()
+            self._visits = 0
+            hit = self._shape_memo[id(schema)] = (schema, self._expand(schema, MAX_REF_HOPS, set())[:MAX_ALTERNATIVES])
+        return hit[1]
 
-    def _expand(self, node: Any, hops: int) -> list[_Shape]:
-        if not isinstance(node, dict) or hops <= 0:
+    def _expand(self, node: Any, hops: int, opened: set[int]) -> list[_Shape]:
+        """`node`'s alternatives. A node met again inside itself (`$ref` recursion), a chain past
+        MAX_REF_HOPS or a schema past MAX_EXPAND_VISITS nodes reads as unknown (no keys owed) there: the
+        work per schema stays bounded whatever its anyOf/$ref nesting (one memo entry per node)."""
+        self._visits += 1
+        if not isinstance(node, dict) or hops <= 0 or id(node) in opened or self._visits > MAX_EXPAND_VISITS:
             return [_Shape([])]
-        own = {k: v for k, v in node.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")}
-        shapes = [_Shape([own])]
-        ref = node.get("$ref")
-        if isinstance(ref, str) and self.root is not None:
-            target = resolve(self.root, ref)
-            if isinstance(target, dict):
-                shapes = _product(shapes, self._expand(target, hops - 1))
-        parts = node.get("allOf")
-        if isinstance(parts, list):
-            for part in parts:
-                shapes = _product(shapes, self._expand(part, hops - 1))
-        for key in ("anyOf", "oneOf"):
-            branches = node.get(key)
-            if isinstance(branches, list) and branches:
-                union = [s for b in branches for s in self._expand(b, hops - 1)][:MAX_ALTERNATIVES]
-                shapes = _product(shapes, union)
+        hit = self._expanded.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        opened.add(id(node))
+        try:
+            own = {k: v for k, v in node.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")}
+            shapes = [_Shape([own])]
+            ref = node.get("$ref")
+            if isinstance(ref, str) and self.root is not None:
+                target = resolve(self.root, ref)
+                if isinstance(target, dict):
+                    shapes = _product(shapes, self._expand(target, hops - 1, opened))
+            parts = node.get("allOf")
+            if isinstance(parts, list):
+                for part in parts:
+                    shapes = _product(shapes, self._expand(part, hops - 1, opened))
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list) and branches:
+                    union: list[_Shape] = []
+                    for branch in branches:
+                        union += self._expand(branch, hops - 1, opened)
+                        if len(union) >= MAX_ALTERNATIVES:
+                            break
+                    shapes = _product(shapes, union[:MAX_ALTERNATIVES])
+        finally:
+            opened.discard(id(node))
+        if len(self._expanded) > MEMO_ENTRIES:
+            self._expanded.clear()
+        self._expanded[id(node)] = (node, shapes)
         return shapes
 
 
@@ -413,6 +445,14 @@ def shortest_tokens(schema: Any, count_tokens: Callable[[bytes], int] | None = N
     if not isinstance(schema, dict | bool):
         return 1
     return _costly(SchemaSize(schema, Tokens(count_tokens), match_patterns=False, worst_choice=True).size(schema))
+
+
+def _key_text(raw: bytes) -> str:
+    """A key as written between its quotes (JSON escapes and all) as the string it names."""
+    try:
+        return json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return raw.decode("utf-8", "replace")
 
 
 def _is_object(schema: dict) -> bool:

@@ -27,7 +27,7 @@ from edgellm.engine.prefix_store import PrefixStore
 from edgellm.engine.prepared import PrepareExecutor
 from edgellm.engine.projector import MediaCollector, Projector
 from edgellm.engine.samples import SampleGroup
-from edgellm.engine.schema_check import schema_error
+from edgellm.engine.schema_check import SCHEMA_UNCHECKED, schema_error
 from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
@@ -756,8 +756,6 @@ class Scheduler:
             # did not produce structured output: never report "" as a success.
             error, error_type = "structured output is empty: the guide admitted no content", "generation_failed"
         schema_error = self._schema_error(slot) if error is None and reason is not FinishReason.ABORT else None
-        if schema_error is not None and self._retry_for_schema(slot):
-            return None  # its answer is the retry's
         out = slot.take_delta(final=True)
         if slot.guide is not None and slot.guide.notes:
             out.guide_notes, out.schema_error = slot.guide.notes, schema_error
@@ -781,6 +779,15 @@ class Scheduler:
             out.timings["energy_j"] = slot.energy_j
             if n_gen > 0:
                 out.timings["joules_per_token"] = slot.energy_j / n_gen
+        if (
+            schema_error is not None
+            and not (truncated or cut)
+            and self._retry_for_schema(slot, out, now - slot.started_at)
+        ):
+            return None  # its answer is the retry's (or, if that one is no better, this one)
+        first = slot.request.first_draw
+        if first is not None and (out.error is not None or out.guided_incomplete or out.schema_error is not None):
+            out = first  # the second draw is no better (failed, cut, timed out, fails the schema too)
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
         group = slot.group
@@ -794,20 +801,28 @@ class Scheduler:
             combined = group.cancel_unstarted(FinishReason.ABORT, "another sample of this request failed")
         return self._group_done(group, combined)
 
-    def _retry_for_schema(self, slot: Slot) -> bool:
+    def _retry_for_schema(self, slot: Slot, out: EngineOutput, took_s: float) -> bool:
         """Whether an answer that fails the parts of its schema generation did not enforce is drawn once
         more (queued first, a fresh seed; greedy sampling is warmed to RETRY_TEMPERATURE, or the same
-        answer would come back): only when nothing of it was sent yet (not streamed), for a request
-        of one sample that was not retried already. Its prompt's KV is kept for it (the slot's commit)."""
+        answer would come back). Only when nothing of it was sent yet (not streamed), for a request of one
+        sample not retried already, when the validator judged it (not "could not be checked") and the
+        deadline leaves the time this draw took. The first answer rides along (EngineRequest.first_draw):
+        if the second fails, is cut or runs out of time, the first is returned. Its prompt's KV is kept
+        for it (the slot's commit)."""
         request = slot.request
         if request.stream or request.schema_retry or slot.group is not None or request.n > 1:
+            return False
+        if out.schema_error is None or out.schema_error.startswith(SCHEMA_UNCHECKED):
+            return False
+        if request.deadline is not None and request.deadline - time.time() < took_s:
             return False
         sampling = replace(
             request.sampling,
             seed=(request.sampling.seed + RETRY_SEED_STEP) & 0xFFFFFFFF,
             temperature=request.sampling.temperature or RETRY_TEMPERATURE,
         )
-        retry = replace(request, sampling=sampling, schema_retry=True)
+        out.schema_retried = True
+        retry = replace(request, sampling=sampling, schema_retry=True, first_draw=out)
         log.info("request %s: its answer fails its schema after generation; drawing it once more", slot.request_id)
         slot.reset(commit=request.cache_commit)
         self.waiting.appendleft(PreparedRequest(retry, self._preparer.submit(self._prepare, retry)))

@@ -32,6 +32,10 @@ def _validator(schema_text: str):
         return None
 
 
+# How an answer the validator itself failed on is reported (nothing a second draw would change).
+SCHEMA_UNCHECKED = "the schema could not be checked"
+
+
 def schema_error(schema: object, text: str) -> str | None:
     """Why `text` fails `schema` (its first error, with the instance path), or None when it passes or cannot
     be judged (the text is not JSON: that is the guide's to report; the validator cannot be built)."""
@@ -47,5 +51,5 @@ def schema_error(schema: object, text: str) -> str | None:
             where = "/" + "/".join(str(p) for p in error.instance_path)
             return f"{error.message} (at {where})"[:_MESSAGE_CHARS]
     except Exception as exc:  # noqa: BLE001 - a validator's own failure is reported, not raised on the step loop
-        return f"the schema could not be checked: {str(exc)[:200]}"
+        return f"{SCHEMA_UNCHECKED}: {str(exc)[:200]}"
     return None

@@ -12,6 +12,7 @@ size and one without stays infinite, and the targets that stay infinite are the 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -82,32 +83,33 @@ class SchemaSize:
         self._refs: dict[str, float] = {}  # $ref string -> current estimate (INF until proven finite)
         self._targets: dict[str, Any] = {}
         self.converged = True
-        self._memo: dict[int, tuple[dict, float]] | None = None  # id(node) -> (node, size), refs solved
+        self._memo: dict[int, tuple[dict, float]] = {}  # id(node) -> (node, size) while the table holds
         self._solve()
         self._memo = {}
 
     # -- the fixed point over $ref targets --------------------------------------------------------
 
     def _solve(self) -> None:
-        pending = [self.root]
-        while pending:  # every $ref reachable from the root, each resolved once
+        pending, seen = [self.root], {id(self.root)}
+        while pending:  # every $ref reachable from the root, each resolved once, each target walked once
             node = pending.pop()
             for ref in _refs_in(node):
                 if ref not in self._targets:
                     target = resolve(self.root, ref)
                     self._targets[ref] = target
-                    if target is not None:
+                    if target is not None and id(target) not in seen:
+                        seen.add(id(target))
                         pending.append(target)
         for _ in range(_MAX_ROUNDS):
-            changed = False
-            for ref, target in self._targets.items():
-                # A ref this document cannot resolve (an external URL) is llguidance's to refuse; here it
-                # costs what any value costs.
-                size = self.size(target) if target is not None else 1
-                if size < self._refs.get(ref, INF):
-                    self._refs[ref] = size
-                    changed = True
-            if not changed:
+            # Each round reads the table as the last one left it (and writes it after), so a node's size
+            # is memoized within the round: a round is linear in the schema, however many refs alias a node.
+            self._memo = {}
+            # A ref this document cannot resolve (an external URL) is llguidance's to refuse; here it costs
+            # what any value costs.
+            sizes = {ref: self.size(target) if target is not None else 1 for ref, target in self._targets.items()}
+            better = {ref: size for ref, size in sizes.items() if size < self._refs.get(ref, INF)}
+            self._refs.update(better)
+            if not better:
                 return
         self.converged = False
 
@@ -125,7 +127,7 @@ class SchemaSize:
     # -- one subschema, refs read from the table --------------------------------------------------
 
     def size(self, node: Any) -> float:
-        if self._memo is None or not isinstance(node, dict):
+        if not isinstance(node, dict):
             return self._size(node)
         # Keyed by id, holding the node: a node made by a caller (an allOf of merged parts) stays alive
         # while its entry does, so its id is never reused for another.
@@ -205,7 +207,7 @@ class SchemaSize:
 
     def _object(self, node: dict) -> float:
         props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        required = [k for k in node.get("required") or [] if isinstance(k, str)]
+        required = [k for k in node["required"] if isinstance(k, str)] if isinstance(node.get("required"), list) else []
         total = 2.0
         for i, key in enumerate(dict.fromkeys(required)):
             sub = props.get(key)
@@ -260,6 +262,7 @@ def min_string_chars(node: dict) -> int:
     return max(chars, _FORMAT_MIN.get(fmt, 2) - 2 if isinstance(fmt, str) else 0)
 
 
+@functools.lru_cache(maxsize=1024)
 def pattern_min_chars(pattern: str) -> int:
     """The fewest characters a match of `pattern` has (Python's regex parser; 0 if it cannot read it).
     JSON schema patterns are not anchored: a match is a substring, so this is the match's own length."""

@@ -141,6 +141,7 @@ class EngineRequest:
     # This is the second draw of an answer that failed its schema's unenforced keywords (Scheduler
     # ._retry_for_schema): it is not drawn again, and its output says it was retried.
     schema_retry: bool = False
+    first_draw: EngineOutput | None = None  # with schema_retry: the first answer, returned if the second is no better
     # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).
     media: list[MediaInput] = field(default_factory=list)
     # Samples of this prompt (OpenAI `n`): the prompt is decoded once and its KV copied to n slots;

@@ -35,3 +35,21 @@ def test_a_character_split_between_deltas_is_whole():
 def test_text_after_a_stop_the_engine_missed_is_ignored():
     outs = feed([b"ab", b"STOP", b"cd"], stop=["STOP"], reason=FinishReason.LENGTH)
     assert outs[-1].text == "ab" and outs[-1].finish_reason is FinishReason.STOP
+
+
+def test_a_stop_string_inside_a_tool_call_never_leaks_its_syntax_as_content():
+    """The engine reports a guided reply a stop string cut as guided_incomplete; the API cut the text at
+    the stop string, and reads the call block as far as it goes (here: no whole name, so no call)."""
+    from edgellm.api.reply import ReplySpec
+    from edgellm.engine.chat_format import ChatFormat, ToolFormat
+
+    syntax = ChatFormat(ToolFormat.HERMES).syntax
+    for stop in ("\n", '", "'):
+        proc = OutputProcessor()
+        proc.add_request("r", [stop], ReplySpec(syntax=syntax))
+        text = "Sure. " + syntax.open + syntax.pre + '"get_weather", "arguments": {"city": "Paris"}}'
+        proc.process(EngineOutput("r", False, data=text.encode()))
+        done = EngineOutput("r", True, finish_reason=FinishReason.STOP)
+        done.guided_incomplete = True
+        out = proc.process(done)
+        assert out.message["content"] in ("Sure.", "Sure. ") and not out.message.get("tool_calls"), out.message

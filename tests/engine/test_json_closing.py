@@ -158,6 +158,39 @@ def test_the_cursor_counts_the_number_under_way():
     assert cursor.scalar_chars == 5
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # anyOf of self-references: expanded naively, 4^16 alternatives (minutes on the step thread)
+        {"anyOf": [{"type": "object"}, {"$ref": "#"}, {"$ref": "#"}, {"$ref": "#"}]},
+        # a chain of definitions, each an anyOf of four refs to the next
+        {
+            "$defs": {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 4} for i in range(16)}
+            | {"d16": {"type": "object"}},
+            "$ref": "#/$defs/d0",
+        },
+        # keywords of the wrong type, which llguidance's lenient mode lets through
+        {"anyOf": [{"type": "integer", "required": 5}, {"type": "object", "properties": {"a": {}}}]},
+    ],
+)
+def test_a_hostile_schema_costs_the_cursor_little_and_raises_nothing(schema):
+    cursor = JsonCursor(schema)
+    for chunk in (b"", b"{", b'"a": {', b'"b": [[', b"1, {}]]"):
+        cursor.feed(chunk)
+        assert cursor.tokens_to_close() > 0
+    assert cursor._visits <= 600  # the expansion's visits are bounded (MAX_EXPAND_VISITS), not 4^16
+
+
+def test_an_escaped_key_is_read_as_the_name_it_writes():
+    inner = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(6)}}
+    inner["required"] = sorted(inner["properties"])
+    owed = [
+        owed_after({"type": "object", "properties": {key: inner}}, b'{"%s": {' % raw)
+        for key, raw in [('q"x', b'q\\"x'), ("qx", b"qx")]
+    ]
+    assert owed[0] == owed[1]  # the quote escaped in the key does not hide its schema
+
+
 def test_a_schema_pattern_is_never_run_by_the_cursor():
     # A catastrophic pattern, as a required key's only schema: the cursor sizes it without matching.
     evil = {"type": "object", "patternProperties": {"^(a+)+$": {"type": "string"}}, "required": ["a" * 40 + "!"]}
