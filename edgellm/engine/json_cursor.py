@@ -359,11 +359,20 @@ class JsonCursor:
             owed = 1
         return 1 + owed
 
-    def _risk(self, frame: _Frame) -> int:
+    def _risk(self, frame: _Frame, pending: bool = True) -> int:
         """Tokens the next token may add to what a container owes: an optional key it begins (a comma,
-        the key, its shortest value) or an item past minItems."""
+        the key, its shortest value) or an item past minItems; where a value is due, what opening it may
+        begin too (`[{` opens an array and its first, optional, item)."""
         sizes = self._sized()
         worst = 0
+        if pending and frame.need_value:
+            for shape in frame.shapes:
+                value = shape.prop(frame.key or "") if frame.is_object else shape.item(frame.items)
+                shapes = self._shapes(value)
+                kinds = {_kind(part) for s in shapes for part in s.parts} - {None}
+                for kind in kinds:  # an object or an array (or either): what opening it may begin
+                    opened = _Frame(kind == "object", shapes, may_value=True)
+                    worst = max(worst, self._risk(opened, pending=False) - 1)
         if frame.is_object:
             for shape in self._fitting(frame):
                 worst = max(worst, shape.next_key_cost(frame.keys, sizes))
@@ -453,6 +462,18 @@ def _key_text(raw: bytes) -> str:
         return json.loads(b'"' + raw + b'"')
     except ValueError:
         return raw.decode("utf-8", "replace")
+
+
+def _kind(schema: dict) -> str | None:
+    """ "object" or "array" when a schema's own keywords say its instances are one (None: a scalar, or
+    not said)."""
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if "object" in kinds or (kind is None and any(k in schema for k in ("properties", "required"))):
+        return "object"
+    if "array" in kinds or (kind is None and any(k in schema for k in ("items", "prefixItems", "minItems"))):
+        return "array"
+    return None
 
 
 def _is_object(schema: dict) -> bool:

@@ -779,11 +779,9 @@ class Scheduler:
             out.timings["energy_j"] = slot.energy_j
             if n_gen > 0:
                 out.timings["joules_per_token"] = slot.energy_j / n_gen
-        if (
-            schema_error is not None
-            and not (truncated or cut)
-            and self._retry_for_schema(slot, out, now - slot.started_at)
-        ):
+        # (An answer closed early to fit the budget is drawn again too: what failed, e.g. uniqueItems, is
+        # seldom the early end.)
+        if schema_error is not None and not cut and self._retry_for_schema(slot, out, now - slot.started_at):
             return None  # its answer is the retry's (or, if that one is no better, this one)
         first = slot.request.first_draw
         if first is not None and (out.error is not None or out.guided_incomplete or out.schema_error is not None):
