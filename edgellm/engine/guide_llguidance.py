@@ -116,8 +116,9 @@ def as_generated(schema: dict) -> dict:
     """The schema llguidance is given: the client's, with what it would refuse for no reason of the
     schema's own read as meant: a `$schema` naming a dialect it does not bundle (Snowplow's self-describing
     schemas, Kubernetes' "http://json-schema.org/schema#") dropped, so the default dialect applies; the
-    TYPE_ALIASES read as JSON types; integer bounds beyond +-2^53 clamped. The answer is still checked
-    against the client's own schema (engine/schema_check.py)."""
+    TYPE_ALIASES read as JSON types; integer bounds beyond +-2^53 clamped. The answer is checked after
+    generation against this same schema, whole (engine/schema_check.py: a validator would refuse a `dict`
+    type or an unknown dialect just as llguidance does)."""
     out = _as_generated(schema, 0)
     meta = out.get("$schema")
     if isinstance(meta, str) and not any(d in meta for d in _DIALECTS):
@@ -266,10 +267,15 @@ def _grammar(spec: GuideSpec) -> str:
 
 def _compiled(spec: GuideSpec) -> tuple[str, tuple[str, ...]]:
     """(the grammar, llguidance's warnings about it), the guide's size checked first."""
+    return _compile_cached(spec.kind, _checked_text(spec))
+
+
+def _checked_text(spec: GuideSpec) -> str:
+    """The guide as llguidance is given it (a JSON schema: as_generated, keys sorted), its size checked."""
     text = _spec_text(spec)
     if len(text.encode("utf-8")) > MAX_GUIDE_BYTES:
         raise GuideError(f"{spec.kind.value} guide is {len(text.encode())} bytes; the limit is {MAX_GUIDE_BYTES}")
-    return _compile_cached(spec.kind, text)
+    return text
 
 
 def short_error(message: str) -> str:
@@ -652,12 +658,18 @@ class Guide:
     """One request's matcher: mask the next token, accept the sampled one."""
 
     def __init__(
-        self, matcher: LLMatcher, notes: list[str] | None = None, tokenizer: llguidance.LLTokenizer | None = None
+        self,
+        matcher: LLMatcher,
+        notes: list[str] | None = None,
+        tokenizer: llguidance.LLTokenizer | None = None,
+        checked_against: str | None = None,
     ):
         self.matcher = matcher
         self._tokenizer = tokenizer
-        # What of its JSON schema this guide does not enforce (guide_notes): the answer is checked after.
+        # What of its JSON schema this guide does not enforce (guide_notes): the answer is checked after,
+        # against `checked_against` (the schema's text as compiled; engine/schema_check.py).
         self.notes = notes or []
+        self.checked_against = checked_against
 
     def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
         fill_next_token_bitmask(self.matcher, bitmask, row)
@@ -751,13 +763,16 @@ class GuideBackend:
     def compile(self, spec: GuideSpec, *, thinking: ThinkingSpec | None = None, opened: bool = False) -> Guide:
         """`thinking`: the guide applies after a reasoning block (`opened`: the prompt opened it)."""
         # grammar_for's walk ran at submit, in the API process; it is not repeated on the step loop's side.
-        grammar, warnings = _compiled(spec)
+        text = _checked_text(spec)
+        grammar, warnings = _compile_cached(spec.kind, text)
         if thinking is not None and (opened or thinking.optional):
             grammar = after_thinking(grammar, thinking, opened)
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GuideError(f"invalid {spec.kind.value} guide: {short_error(matcher.get_error())}")
-        return Guide(matcher, guide_notes(spec, warnings), self.tokenizer)
+        notes = guide_notes(spec, warnings)
+        checked = text if notes and spec.kind is GuideKind.JSON_SCHEMA else None
+        return Guide(matcher, notes, self.tokenizer, checked)
 
     def allowed(self, row: int) -> np.ndarray:
         """Boolean mask of allowed tokens for bitmask row `row` (after Guide.fill_mask)."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgellm.engine.schema_size import INF, SchemaSize, Tokens, min_string_chars, resolve
+from edgellm.engine.schema_size import INF, SchemaSize, Tokens, implied_types, item_schema, min_string_chars, resolve
 
 # Tokens kept beyond what the open structure owes: a value under way (a number, a word of a string),
 # the comma before the next key.
@@ -97,18 +97,8 @@ class _Shape:
         return list(dict.fromkeys(keys))
 
     def item(self, index: int) -> Any:
-        """The schema of an array's item at `index`."""
-        for p in self.parts:
-            prefix = p.get("prefixItems")
-            items = p.get("items")
-            if not isinstance(prefix, list):
-                prefix = items if isinstance(items, list) else []  # draft-04..2019 tuple form
-                items = p.get("additionalItems") if isinstance(items, list) else items
-            if index < len(prefix):
-                return prefix[index]
-            if isinstance(items, dict):
-                return items
-        return None
+        """The schema of an array's item at `index` (None: unknown, any value)."""
+        return next((s for p in self.parts if (s := item_schema(p, index)) is not None), None)
 
     def max_items(self) -> int:
         counts = [p.get("maxItems") for p in self.parts]
@@ -167,7 +157,6 @@ class JsonCursor:
         self.root = schema if isinstance(schema, dict | bool) else None
         self._sizes: SchemaSize | None = None  # built on first need: most requests never close
         self._count_tokens = count_tokens
-        self.depth = 0
         self.in_string = False
         self.closed_at: int | None = None  # bytes fed up to the end of the first complete object/array
         self._escape = False
@@ -187,6 +176,11 @@ class JsonCursor:
         # steers it to its end past MAX_NUMBER_CHARS).
         self.scalar_chars = 0
 
+    @property
+    def depth(self) -> int:
+        """Objects and arrays open."""
+        return len(self._stack)
+
     # -- following the text -----------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
@@ -201,12 +195,10 @@ class JsonCursor:
             elif c in (0x7B, 0x5B):  # { [
                 schema = self._value_begins()
                 self._stack.append(_Frame(c == 0x7B, self._shapes(schema), may_value=c == 0x5B))
-                self.depth += 1
             elif c in (0x7D, 0x5D):  # } ]
                 if self._stack:
                     self._stack.pop()
-                    self.depth -= 1
-                    if self.depth == 0 and self.closed_at is None:
+                    if not self._stack and self.closed_at is None:
                         self.closed_at = self._fed + i + 1
                     self._touch()
             elif c == 0x3A:  # :
@@ -273,9 +265,10 @@ class JsonCursor:
 
     @staticmethod
     def _alternatives(frame: _Frame, pick: Any) -> Any:
+        """The schema the frame's alternatives give a value (one, or an anyOf of theirs; None: unknown)."""
         found = [s for s in (pick(shape) for shape in frame.shapes) if s is not None]
-        if not found or len(found) != len(frame.shapes):
-            return found[0] if len(found) == 1 and len(frame.shapes) == 1 else ({"anyOf": found} if found else None)
+        if not found:
+            return None
         return found[0] if len(found) == 1 else {"anyOf": found}
 
     def _touch(self) -> None:
@@ -315,8 +308,7 @@ class JsonCursor:
         (one token can close a string and begin the next item: `", "`, `"}, {"`)."""
         if not self._begun:  # the shortest instance, and what its first token may begin (`{"` opens a key)
             root = self.root if self.root is not None else True
-            opened = _Frame(isinstance(root, dict) and _is_object(root), self._shapes(root), may_value=True)
-            return SLACK_TOKENS + _costly(self._sized().size(root)) + self._risk(opened)
+            return SLACK_TOKENS + _costly(self._sized().size(root)) + 1 + self._opening_risk(root)
         total = SLACK_TOKENS
         if self.in_string:
             total += 1
@@ -368,11 +360,7 @@ class JsonCursor:
         if pending and frame.need_value:
             for shape in frame.shapes:
                 value = shape.prop(frame.key or "") if frame.is_object else shape.item(frame.items)
-                shapes = self._shapes(value)
-                kinds = {_kind(part) for s in shapes for part in s.parts} - {None}
-                for kind in kinds:  # an object or an array (or either): what opening it may begin
-                    opened = _Frame(kind == "object", shapes, may_value=True)
-                    worst = max(worst, self._risk(opened, pending=False) - 1)
+                worst = max(worst, self._opening_risk(value))
         if frame.is_object:
             for shape in self._fitting(frame):
                 worst = max(worst, shape.next_key_cost(frame.keys, sizes))
@@ -381,6 +369,15 @@ class JsonCursor:
             if frame.items >= shape.min_items() and frame.items < shape.max_items():
                 worst = max(worst, _costly(sizes.size(shape.item(frame.items) or True)))
         return 1 + (worst if frame.shapes else 1)
+
+    def _opening_risk(self, schema: Any) -> int:
+        """What the token that opens a value of `schema` may begin with it (`{"` a key, `[{` an item):
+        the risk of the object or array it opens (of either, when the schema allows both)."""
+        shapes = self._shapes(schema)
+        kinds = {kind for s in shapes for part in s.parts for kind in _container_kinds(part)}
+        return max(
+            (self._risk(_Frame(kind == "object", shapes, may_value=True), False) - 1 for kind in kinds), default=0
+        )
 
     def _sized(self) -> SchemaSize:
         if self._sizes is None:
@@ -464,22 +461,11 @@ def _key_text(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
 
 
-def _kind(schema: dict) -> str | None:
-    """ "object" or "array" when a schema's own keywords say its instances are one (None: a scalar, or
-    not said)."""
+def _container_kinds(schema: dict) -> set[str]:
+    """ "object" and/or "array", as a schema's own keywords say its instances may be (type, or implied)."""
     kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    if "object" in kinds or (kind is None and any(k in schema for k in ("properties", "required"))):
-        return "object"
-    if "array" in kinds or (kind is None and any(k in schema for k in ("items", "prefixItems", "minItems"))):
-        return "array"
-    return None
-
-
-def _is_object(schema: dict) -> bool:
-    """Whether a schema's instances are objects, as far as its own keywords say."""
-    kind = schema.get("type")
-    return kind == "object" or (kind is None and any(k in schema for k in ("properties", "required")))
+    kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else implied_types(schema)
+    return {k for k in kinds if k in ("object", "array")}
 
 
 def _product(left: list[_Shape], right: list[_Shape]) -> list[_Shape]:

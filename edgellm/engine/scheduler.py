@@ -21,7 +21,7 @@ from edgellm.engine.cpu_share import ThreadGovernor
 from edgellm.engine.decode_cost import DecodeCost
 from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_length, expected_accepted, propose
 from edgellm.engine.draft_model import DraftAsk, DraftModel
-from edgellm.engine.guide_llguidance import Guide, GuideBackend, as_generated
+from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.prefix_store import PrefixStore
 from edgellm.engine.prepared import PrepareExecutor
@@ -830,11 +830,11 @@ class Scheduler:
     def _schema_error(slot: Slot) -> str | None:
         """Why a finished answer fails the parts of its JSON schema that generation did not enforce
         (engine/schema_check.py); None when it passes, or when its guide enforced the whole schema."""
-        guide, spec = slot.guide, slot.request.guide
-        if guide is None or not guide.notes or spec is None or spec.kind is not GuideKind.JSON_SCHEMA:
+        guide = slot.guide
+        if guide is None or guide.checked_against is None:
             return None
         start = slot.json_from if slot.json_from is not None else 0
-        return schema_error(as_generated(spec.spec), bytes(slot.data[start:]).decode("utf-8", "replace"))
+        return schema_error(guide.checked_against, bytes(slot.data[start:]).decode("utf-8", "replace"))
 
     def _group_done(self, group: SampleGroup, combined: EngineOutput | None) -> EngineOutput | None:
         """An n > 1 request's final output, once its last sample has ended (None until then)."""

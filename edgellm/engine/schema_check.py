@@ -36,10 +36,12 @@ def _validator(schema_text: str):
 SCHEMA_UNCHECKED = "the schema could not be checked"
 
 
-def schema_error(schema: object, text: str) -> str | None:
-    """Why `text` fails `schema` (its first error, with the instance path), or None when it passes or cannot
-    be judged (the text is not JSON: that is the guide's to report; the validator cannot be built)."""
-    validator = _validator(json.dumps(schema, sort_keys=True))
+def schema_error(schema_text: str, text: str) -> str | None:
+    """Why `text` fails the schema whose JSON text is `schema_text` (its first error, with the instance
+    path), or None when it passes or cannot be judged (the text is not JSON: that is the guide's to
+    report; the validator cannot be built). The schema comes as text, the one its guide was compiled
+    from (Guide.checked_against): made once per request off the step loop, and the validators' cache key."""
+    validator = _validator(schema_text)
     if validator is None:
         return None
     try:

@@ -168,7 +168,7 @@ class SchemaSize:
         if isinstance(types, str):
             types = [types]
         if not isinstance(types, list) or not types:
-            types = _implied_types(node)
+            types = implied_types(node)
             if not types:
                 return 1
         return self._pick([self._typed(node, t) for t in types if isinstance(t, str)])
@@ -188,19 +188,10 @@ class SchemaSize:
         return self.unit.chars(_TYPE_MIN[kind]) if kind in _TYPE_MIN else INF
 
     def _array(self, node: dict) -> float:
-        n = _count(node, "minItems")
-        prefix = node.get("prefixItems")
-        if not isinstance(prefix, list):
-            items = node.get("items")
-            prefix = items if isinstance(items, list) else []  # draft-04..2019 tuple form
         total = 2.0
-        for i in range(max(n, 0)):
-            if i < len(prefix):
-                item = prefix[i]
-            else:
-                rest = node.get("items") if not isinstance(node.get("items"), list) else node.get("additionalItems")
-                item = True if rest is None else rest
-            total += self.size(item) + (1 if i else 0)
+        for i in range(max(_count(node, "minItems"), 0)):
+            item = item_schema(node, i)
+            total += self.size(True if item is None else item) + (1 if i else 0)
             if total == INF:
                 return INF
         return total
@@ -293,7 +284,19 @@ def _refs_in(node: Any) -> list[str]:
     return out
 
 
-def _implied_types(node: dict) -> list[str]:
+def item_schema(node: dict, index: int) -> Any:
+    """The schema of item `index` of an array schema: its prefixItems entry (or the draft-04..2019
+    tuple form's `items` entry), else the schema of the rest (`items`, or `additionalItems` after a
+    tuple); None where the schema does not say."""
+    prefix = node.get("prefixItems")
+    rest = node.get("items")
+    if not isinstance(prefix, list):
+        prefix = rest if isinstance(rest, list) else []
+        rest = node.get("additionalItems") if isinstance(rest, list) else rest
+    return prefix[index] if index < len(prefix) else rest
+
+
+def implied_types(node: dict) -> list[str]:
     if any(k in node for k in ("properties", "required", "additionalProperties", "minProperties")):
         return ["object"]
     if any(k in node for k in ("items", "prefixItems", "minItems")):
