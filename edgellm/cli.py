@@ -82,8 +82,8 @@ def _serve_started(args: argparse.Namespace) -> int:
         info = service.engine.info
         offload = info.get("offload", {})
         notifier.ready(
-            f"serving {service.model_name} on {settings.host}:{settings.port}; {info.get('n_slots')} slots x "
-            f"{info.get('slot_ctx')} tokens; {offload.get('device')} (n_gpu_layers={offload.get('n_gpu_layers')})"
+            f"serving {service.model_name} on {settings.host}:{settings.port}; {info.get('n_slots')} slots over "
+            f"a {info.get('n_ctx')}-cell KV pool; {offload.get('device')} (n_gpu_layers={offload.get('n_gpu_layers')})"
         )
         # Kept on the app so the task is not garbage-collected; cancelled with the loop at exit.
         app.state.watchdog = asyncio.get_running_loop().create_task(notifier.watchdog(service.live_check))

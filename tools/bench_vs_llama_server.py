@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """edgellm vs llama.cpp's own llama-server, side by side, through /v1/chat/completions.
 
-Same model (the bundled SmolLM2-135M unless --model), 2 threads, 8 slots, n_ctx 8192 in total
-(1024 per slot on both: llama-server -np 8 -c 8192 --no-kv-unified splits it as edgellm does),
+Same model (the bundled SmolLM2-135M unless --model), 2 threads, 8 slots over one KV pool of 8192 cells
+on both (llama-server -np 8 -c 8192 --kv-unified, as edgellm's engine makes its context),
 128 max tokens, temperature 0.7 (top_p 1, top_k 0, min_p 0 sent explicitly: llama-server's own
 defaults differ). llama-server is built once from the pinned llama-cpp-python's sdist with the
 engine's flags (tools/llama_server_build.sh), or taken from --llama-server PATH.
@@ -292,11 +292,11 @@ def edgellm_server(model: str, threads: int, slots: int, n_ctx: int, extra_env: 
 
 
 def llama_server(binary: Path, model: str, threads: int, slots: int, n_ctx: int, extra: list, tmpdir: Path) -> Server:
-    """llama-server on a free port, set as edgellm_server's node is (per-slot context: no unified KV)."""
+    """llama-server on a free port, set as edgellm_server's node is (one unified KV pool)."""
     port = free_port()
     cmd = [str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(n_ctx)]
-    cmd += ["--no-kv-unified", "-fa", "on", "--no-webui", *extra]
+    cmd += ["--kv-unified", "-fa", "on", "--no-webui", *extra]
     return Server("llama-server", cmd, clean_env(), port, tmpdir / "llama-server.log")
 
 

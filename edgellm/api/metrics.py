@@ -102,6 +102,10 @@ class _LiveCollector:
             ("slots_total", "Generation slots"),
             ("slots_busy", "Slots holding a request"),
             ("waiting", "Requests waiting for a slot"),
+            ("kv_cells", "Cells in the engine's KV pool"),
+            ("kv_used", "KV pool cells in use"),
+            ("kv_shared", "KV pool cells more than one sequence shares (a common prefix stored once)"),
+            ("paused", "Requests paused by a preemption, waiting for KV cells to resume"),
         ):
             if key in engine:
                 yield GaugeMetricFamily(f"edgellm_{key}", help_text, value=engine[key])
@@ -109,7 +113,8 @@ class _LiveCollector:
         for key, help_text in (
             ("steps", "Engine decode steps"),
             ("reused_tokens", "Prompt tokens skipped thanks to a cached prefix"),
-            ("shared_prompt_tokens", "Prompt tokens of n > 1 samples copied from another sample's KV cache"),
+            ("shared_prompt_tokens", "Prompt tokens shared from another running sequence's KV cells"),
+            ("preemptions", "Running requests paused to free KV cells (resumed later, nothing lost)"),
         ):
             if key in engine:
                 yield CounterMetricFamily(f"edgellm_engine_{key}", help_text, value=engine[key])

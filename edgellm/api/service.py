@@ -702,8 +702,10 @@ class Service:
             "load": {
                 k: v
                 for k, v in (self.engine.stats if self.engine else {}).items()
-                if k in ("slots_total", "slots_busy", "waiting", "n_threads", "thread_switches")
+                if k
+                in ("slots_total", "slots_busy", "waiting", "n_threads", "thread_switches", "paused", "preemptions")
             },
+            "kv_pool": _kv_pool(self.engine.stats if self.engine else {}),
             "in_flight": self.in_flight(),
             "max_queued": self.config.max_queued,
             "registry": {
@@ -724,3 +726,13 @@ class Service:
     def metrics(self) -> dict[str, Any]:
         """The JSON view of the Prometheus instruments (p50/p95 are histogram-bucket estimates)."""
         return self.instruments.as_dict()
+
+
+def _kv_pool(stats: dict[str, Any]) -> dict[str, Any]:
+    """The engine's one KV pool for /status: its cells, those in use and free, those more than one
+    sequence holds (a shared prefix stored once); {} before the engine's first report."""
+    cells = stats.get("kv_cells")
+    if not cells:
+        return {}
+    used = int(stats.get("kv_used") or 0)
+    return {"cells": cells, "used": used, "free": cells - used, "shared": int(stats.get("kv_shared") or 0)}

@@ -1,8 +1,8 @@
 """Draft-model speculation: a small GGUF with the target's vocabulary proposes each generating slot's
 next tokens, in a llama.cpp context of its own.
 
-The draft context mirrors the target's layout: one KV stream per slot (n_seq_max = n_slots, kv_unified
-off, slot_ctx cells each), sequence id = the slot's. For each sequence it remembers which tokens its KV
+The draft context mirrors the target's layout: one unified KV pool of as many cells (n_seq_max = n_slots),
+sequence id = the slot's. For each sequence it remembers which tokens its KV
 holds, so a call only feeds what the slot added since the last one (the tokens the target accepted and
 sampled): the KV is cut back to the longest common prefix of those tokens and the slot's context, the
 rest of the context is fed (a new prompt: in chunks of n_batch, all sequences together), then k steps of
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import llama_cpp as L
 import numpy as np
 
-from edgellm.engine.model import Vocabulary, _ensure_backend, can_drop_suffix, free_llama, load_offloaded, slot_context
+from edgellm.engine.model import Vocabulary, _ensure_backend, can_drop_suffix, free_llama, load_offloaded, pool_context
 from edgellm.engine.sampler import apply_penalties, sample_row
 from edgellm.engine.types import SamplingParams
 from edgellm.errors import EngineError
@@ -84,22 +84,20 @@ class DraftModel(Vocabulary):
         target: Vocabulary,
         *,
         n_slots: int,
-        slot_ctx: int,
+        n_ctx: int,
         n_threads: int,
         n_gpu_layers: int,
         n_batch: int = 512,
     ):
         if not os.path.isfile(path):
             raise EngineError(f"draft model file not found: {path}")
-        if n_slots < 1 or slot_ctx < 1 or n_batch < 1:
-            raise EngineError(
-                f"draft model: n_slots, slot_ctx and n_batch must be >= 1 ({n_slots}, {slot_ctx}, {n_batch})"
-            )
+        if n_slots < 1 or n_ctx < 1 or n_batch < 1:
+            raise EngineError(f"draft model: n_slots, n_ctx and n_batch must be >= 1 ({n_slots}, {n_ctx}, {n_batch})")
         _ensure_backend()
         self.path = path
         self.name = os.path.basename(path)
         self.n_slots = n_slots
-        self.slot_ctx = slot_ctx
+        self.n_ctx = n_ctx  # cells of its pool, as many as the target's; also the most one sequence holds
         self.n_batch = n_batch
         self.n_threads = max(1, n_threads)
         self.ctx = None
@@ -121,10 +119,10 @@ class DraftModel(Vocabulary):
         self.stats = DraftStats()
         self._step_ms: float | None = None  # EMA of one draft decode step (step_ms())
         log.info(
-            "draft model %s ready: %d slots x %d tokens, %.0fM parameters, %d GPU layers",
+            "draft model %s ready: %d sequences over a pool of %d cells, %.0fM parameters, %d GPU layers",
             self.name,
             n_slots,
-            slot_ctx,
+            n_ctx,
             self.n_params / 1e6,
             self.n_gpu_layers,
         )
@@ -152,10 +150,10 @@ class DraftModel(Vocabulary):
                 )
 
     def _new_context(self) -> ctypes.c_void_p:
-        # One KV stream per slot, as in the target: a slot's drafts get its own slot_ctx cells.
+        # One unified pool, as in the target; a full pool fails a proposal, which the engine goes without.
         try:
-            return slot_context(
-                self.model, slot_ctx=self.slot_ctx, n_slots=self.n_slots, n_batch=self.n_batch, n_threads=self.n_threads
+            return pool_context(
+                self.model, n_cells=self.n_ctx, n_seqs=self.n_slots, n_batch=self.n_batch, n_threads=self.n_threads
             )
         except EngineError as exc:
             raise EngineError(f"draft model {self.path}: {exc.message}") from None
@@ -184,7 +182,7 @@ class DraftModel(Vocabulary):
             seen.add(ask.seq_id)
             ctx = ask.context
             # The draft KV holds the context and k - 1 draft tokens (the last one is never fed).
-            if ask.k <= 0 or not ctx or len(ctx) >= self.slot_ctx or any(t < 0 or t >= self.n_vocab for t in ctx):
+            if ask.k <= 0 or not ctx or len(ctx) >= self.n_ctx or any(t < 0 or t >= self.n_vocab for t in ctx):
                 continue
             live.append(i)
         if not live:
@@ -192,7 +190,7 @@ class DraftModel(Vocabulary):
         try:
             rows = self._catch_up({i: asks[i] for i in live})
             t_steps, decodes_steps = time.perf_counter(), self.stats.decodes
-            k = {i: min(asks[i].k, self.slot_ctx - len(asks[i].context)) for i in live}
+            k = {i: min(asks[i].k, self.n_ctx - len(asks[i].context)) for i in live}
             params = {i: dataclasses.replace(asks[i].params, num_logprobs=0) for i in live}
             drafting = list(live)
             for j in range(max(k.values())):

@@ -19,9 +19,9 @@ from edgellm.engine.stats import StepStats
 class EngineInfo:
     model_name: str
     model_path: str
-    n_slots: int
-    slot_ctx: int
-    n_ctx: int
+    n_slots: int  # sequences that decode at once (the batch width)
+    seq_ctx: int  # the most tokens one request may hold (the pool, capped at the model's trained context)
+    n_ctx: int  # cells in the one KV pool every request draws from
     n_threads: int
     n_vocab: int
     offload: dict[str, Any]  # OffloadInfo's fields plus "device"
@@ -46,6 +46,12 @@ class EngineLoad:
     waiting: int  # queued requests plus unstarted samples of n > 1 requests
     n_threads: int
     thread_switches: int
+    # The KV pool (engine/kv_pool.py): its cells, those in use, those more than one sequence shares, and
+    # the requests paused by a preemption (waiting for cells to resume).
+    kv_cells: int = 0
+    kv_used: int = 0
+    kv_shared: int = 0
+    paused: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,13 @@ GIB = 1024**3
 # Bytes per stored K or V element. q8_0 stores blocks of 32 values as 32 int8 plus one f16 scale: 34 bytes.
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 
-# llama.cpp rounds the context up to a multiple of 256 cells, and with one KV stream per slot
-# (kv_unified=False, as engine/model.py asks) it rounds each slot's share up to 256 cells as well.
+# llama.cpp rounds the context up to a multiple of 256 cells; the engine's one unified KV pool
+# (engine/model.py: kv_unified) is a single stream of that many cells.
 CELL_ALIGN = 256
 
-AUTO_SLOTS = 4  # an edge board serves a few clients at once; more slots only thin each one's context
+# An edge board serves a few clients at once. With a unified pool more slots cost no KV, only batch width;
+# "auto" still sizes the pool as this many requests of min(n_ctx_train, max_slot_ctx) tokens each.
+AUTO_SLOTS = 4
 # The node's own processes (API + engine worker: Python, FastAPI, numpy, tokenizer and grammar caches) measure
 # ~70 + ~50 MiB idle; 150 MiB leaves room for request state. The OS and other programs are covered by the
 # share of MemAvailable that default_budget_bytes leaves outside the budget; the CUDA runtime is planned for
@@ -75,13 +77,9 @@ def kv_bytes_per_token(shape: ModelShape, kv_type: str = "f16") -> float:
     return elements * KV_BYTES_PER_ELEMENT[kv_type]
 
 
-def kv_cells(n_ctx: int, n_slots: int) -> int:
-    """KV cells llama.cpp allocates for n_ctx tokens over n_slots slots: the engine splits n_ctx evenly
-    (engine/model.py), llama.cpp pads the total and then each slot's share up to 256 cells. So 1000 tokens
-    over 3 slots cost 1536 cells, 8192 over 4 exactly 8192."""
-    per_slot = max(1, n_ctx // n_slots)
-    total = _round_up(per_slot * n_slots, CELL_ALIGN)
-    return _round_up(total // n_slots, CELL_ALIGN) * n_slots
+def kv_cells(n_ctx: int) -> int:
+    """KV cells llama.cpp allocates for a pool of n_ctx: padded up to a multiple of 256 (1000 -> 1024)."""
+    return _round_up(max(1, n_ctx), CELL_ALIGN)
 
 
 def compute_bytes(
@@ -94,8 +92,8 @@ def compute_bytes(
     phases, in f32 activations per batch token:
       - output: the logits (n_vocab) next to the final hidden state and norms (~6 x n_embd);
       - a layer: the FFN's gate/up/activation (3 x n_ff), the residual, norm, Q/K/V and attention output
-        (~8 x n_embd) and the attention mask over the slot's cells; without flash attention, also the
-        full score matrix (n_head scores per cell).
+        (~8 x n_embd) and the attention mask over the pool's cells (in a unified pool a token may attend
+        to any cell); without flash attention, also the full score matrix (n_head scores per cell).
     Checked against llama.cpp 0.3.36's printed "compute buffer size" for SmolLM2-135M (CPU, n_batch 512):
     102.5 MiB measured vs 102.8 estimated with flash attention; 166.4 vs 178 without it at 8192 cells a slot.
     Reports of CUDA runs match the same shape (the graph splits into a device buffer and a small host one).
@@ -104,19 +102,18 @@ def compute_bytes(
     grows to the largest batch's outputs). The engine asks for at most 1 + 16 drafted rows per slot, so
     n_batch rows also covers the engine's own copy of those rows.
 
-    n_ctx: total tokens (for the per-slot cell count); None = each slot at min(n_ctx_train, 4096).
+    n_ctx: the pool's cells; None = n_slots requests of min(n_ctx_train, 4096) each.
     """
     if n_batch < 1 or n_slots < 1:
         raise ValueError("n_batch and n_slots must be >= 1")
     if n_ctx is None:
         n_ctx = n_slots * min(shape.n_ctx_train, 4096)
-    cells = kv_cells(n_ctx, n_slots)
-    slot_cells = cells // n_slots
+    cells = kv_cells(n_ctx)
     n_tokens = min(n_batch, cells)  # llama.cpp caps the batch at the context for causal models
     n_ff = shape.n_ff or 8 * shape.n_embd
     output_phase = shape.n_vocab + 6 * shape.n_embd
     per_cell = 1 if flash_attn else 1 + shape.n_head  # mask, plus the scores without flash attention
-    layer_phase = 3 * n_ff + 8 * shape.n_embd + per_cell * slot_cells
+    layer_phase = 3 * n_ff + 8 * shape.n_embd + per_cell * cells
     graph = _F32 * n_tokens * max(output_phase, layer_phase)
     output_buffer = _F32 * shape.n_vocab * n_batch
     return math.ceil((graph + output_buffer) * _COMPUTE_MARGIN) + _COMPUTE_FIXED
@@ -135,7 +132,7 @@ class MemoryPlan:
     n_ctx: int
     n_slots: int
     kv_type: str
-    kv_cells: int  # what llama.cpp allocates for n_ctx (padded per slot), what kv_bytes counts
+    kv_cells: int  # the pool llama.cpp allocates for n_ctx (padded to 256), what kv_bytes counts
     n_batch: int = 512
     flash_attn: bool = True
     auto_ctx: bool = False  # n_ctx was chosen here ("auto"), not given
@@ -143,13 +140,14 @@ class MemoryPlan:
     # embedding model's weights: see embedding_bytes().
     embedding_bytes: int = 0
     # A draft model (engine/draft_model.py): its weights and compute buffers (draft_bytes), and its own KV
-    # cache, one stream per slot of the target's slot size (draft_kv_bytes): see draft_bytes().
+    # pool, as many cells as the target's (draft_kv_bytes): see draft_bytes().
     draft_bytes: int = 0
     draft_kv_bytes: int = 0
     # The CUDA runtime (context, cuBLAS, llama.cpp's pools: DEFAULT_CUDA_CONTEXT_BYTES), counted only when
     # layers go to a GPU; and the multimodal projector (its weights and compute buffer: projector_bytes()).
     cuda_bytes: int = 0
     projector_bytes: int = 0
+    n_ctx_train: int = 0  # the model's trained context (0: unknown): no request holds more
 
     @property
     def total_bytes(self) -> int:
@@ -183,8 +181,9 @@ class MemoryPlan:
         )
 
     @property
-    def slot_ctx(self) -> int:
-        return self.n_ctx // self.n_slots
+    def seq_ctx(self) -> int:
+        """The most tokens one request may hold: the whole pool, capped at the model's trained context."""
+        return min(self.kv_cells, self.n_ctx_train) if self.n_ctx_train > 0 else self.kv_cells
 
     def refusal(self) -> str | None:
         """None when the plan fits; else why not and what to change, for the node to refuse to start with."""
@@ -215,14 +214,14 @@ class MemoryPlan:
                 f"{_size(self.base_bytes)} before any context, but {budget}; use a smaller model or quant, "
                 "or raise memory_budget"
             )
-        fixes = ["lower n_ctx or n_slots"] if not self.auto_ctx else ["lower n_slots"]
+        fixes = ["lower n_ctx"] if not self.auto_ctx else ["lower n_slots (auto sizes the pool by it)"]
         if self.kv_type != "q8_0":
             fixes.append("set kv_cache_type to q8_0")
         fixes.append("use a smaller quant or raise memory_budget")
         what = (
-            f"even the smallest context ({self.n_slots} slot(s) x {self.slot_ctx} tokens)"
+            f"even the smallest pool ({self.kv_cells} cells for {self.n_slots} slot(s))"
             if self.auto_ctx
-            else f"n_ctx={self.n_ctx} over {self.n_slots} slot(s)"
+            else f"a KV pool of n_ctx={self.n_ctx} cells"
         )
         draft_kv = f" (and {_size(self.draft_kv_bytes)} for the draft model's)" if self.draft_kv_bytes else ""
         extras = [
@@ -254,7 +253,7 @@ class MemoryPlan:
         out.update(
             n_ctx=self.n_ctx,
             n_slots=self.n_slots,
-            slot_ctx=self.slot_ctx,
+            seq_ctx=self.seq_ctx,
             kv_cells=self.kv_cells,
             kv_type=self.kv_type,
             n_batch=self.n_batch,
@@ -280,8 +279,9 @@ def embedding_bytes(shape: ModelShape, embedding_ctx: int, dedicated: ModelShape
 
 def draft_bytes(draft: ModelShape, n_ctx: int, n_slots: int, n_batch: int) -> tuple[int, int]:
     """What a draft model costs: (its weights and compute buffers, its KV cache). Its context mirrors the
-    target's (n_slots f16 streams of n_ctx // n_slots cells, n_batch tokens a batch, flash attention auto)."""
-    cells = kv_cells(n_ctx, n_slots)
+    target's (a unified f16 pool of n_ctx cells for n_slots sequences, n_batch tokens a batch, flash
+    attention auto)."""
+    cells = kv_cells(n_ctx)
     kv = math.ceil(cells * kv_bytes_per_token(draft, "f16"))
     return draft.file_bytes + compute_bytes(draft, n_batch, n_slots, n_ctx), kv
 
@@ -359,11 +359,12 @@ def plan_memory(
     """The context and slot count to run with, and what they cost. Never raises for a plan that does not
     fit: the caller reads `fits` and refuses to start with `refusal()`.
 
-    n_slots "auto": 4, fewer (down to 1) when the budget (or an explicit n_ctx) cannot give each slot
-    min_slot_ctx tokens. n_ctx "auto": the most tokens that fit, as n_slots equal slots of a multiple of 256
-    tokens each (llama.cpp pads every slot's share to 256 cells, so any other total would be padded past the
-    budget), each slot at most min(n_ctx_train, max_slot_ctx); when even min_slot_ctx per slot does not fit,
-    the plan reports that minimum with fits False. Explicit ints are kept as given.
+    n_ctx is the one KV pool every request draws from (engine/model.py: kv_unified), n_slots how many
+    requests decode at once; any one request may use the whole pool (up to n_ctx_train). n_slots "auto": 4,
+    fewer (down to 1) when the budget (or an explicit n_ctx) cannot give each of them min_slot_ctx cells at
+    once. n_ctx "auto": the largest pool that fits, sized as n_slots requests of a multiple of 256 tokens
+    each, at most min(n_ctx_train, max_slot_ctx) each; when even min_slot_ctx each does not fit, the plan
+    reports that minimum with fits False. Explicit ints are kept as given.
 
     cuda_bytes: the CUDA runtime, when layers go to a GPU (DEFAULT_CUDA_CONTEXT_BYTES; the caller decides
     whether it applies); projector_bytes: the multimodal projector (projector_bytes()). Both come out of
@@ -381,7 +382,7 @@ def plan_memory(
     embedding = embedding_bytes(shape, embedding_ctx, embedding_model)
 
     def make(slots: int, ctx: int, auto_ctx: bool) -> MemoryPlan:
-        cells = kv_cells(ctx, slots)
+        cells = kv_cells(ctx)
         draft, draft_kv = draft_bytes(draft_model, ctx, slots, n_batch) if draft_model is not None else (0, 0)
         return MemoryPlan(
             weights_bytes=shape.file_bytes,
@@ -401,6 +402,7 @@ def plan_memory(
             draft_kv_bytes=draft_kv,
             cuda_bytes=cuda_bytes,
             projector_bytes=projector_bytes,
+            n_ctx_train=shape.n_ctx_train,
         )
 
     slot_cap = max(CELL_ALIGN, _round_down(min(shape.n_ctx_train, max_slot_ctx), CELL_ALIGN))
@@ -504,8 +506,8 @@ def format_plan(plan: MemoryPlan, shape: ModelShape | None = None) -> str:
             f"head dim {shape.head_dim_k}/{shape.head_dim_v}, vocab {shape.n_vocab}, n_ctx_train {shape.n_ctx_train}"
         )
     lines.append(
-        f"context: n_ctx {plan.n_ctx}{' (auto)' if plan.auto_ctx else ''} = {plan.n_slots} slot(s) x "
-        f"{plan.slot_ctx} tokens"
+        f"context: a KV pool of {plan.kv_cells} cells (n_ctx {plan.n_ctx}{' auto' if plan.auto_ctx else ''}) "
+        f"for {plan.n_slots} slot(s); one request up to {plan.seq_ctx} tokens"
     )
     lines += [f"  {name:<38} {n / MIB:>10.1f} MiB" for name, n in rows]
     lines.append(f"fits: {'yes' if plan.fits else 'NO'}")

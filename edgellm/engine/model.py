@@ -102,53 +102,46 @@ def load_offloaded(
     return _load_model(path, 0), 0, fallback
 
 
-# The smallest per-slot context the GPU ladder shrinks to (LlamaModel._context_on_gpu_or_cpu): below it a
-# slot no longer holds a useful chat turn, and the CPU with the configured shape serves better. A config
-# that asks for less per slot is never grown to it.
-LADDER_MIN_SLOT_CTX = 512
+# The smallest pool the GPU ladder shrinks to (LlamaModel._context_on_gpu_or_cpu): below it the pool no
+# longer holds a few chat turns at once, and the CPU with the configured pool serves better. A config that
+# asks for less is never grown to it.
+LADDER_MIN_CELLS = 1024
 
 
-def shrink_ladder(n_slots: int, slot_ctx: int, min_slot_ctx: int = LADDER_MIN_SLOT_CTX) -> list[tuple[int, int]]:
-    """The smaller shapes (slots, tokens per slot) to try, in order, after (n_slots, slot_ctx) did not fit
-    on the GPU: fewer slots first (halved down to 1, each keeping its context: a client's long prompt still
-    fits, it only waits longer for a slot), then less context in the last one (halved, on 256-cell steps as
-    llama.cpp allocates them, down to min_slot_ctx or the configured size when that is smaller)."""
-    shapes: list[tuple[int, int]] = []
-    slots = n_slots
-    while slots > 1:
-        slots //= 2
-        shapes.append((slots, slot_ctx))
-    floor = min(min_slot_ctx, slot_ctx)
-    ctx = slot_ctx
-    while ctx > floor:
-        ctx = max(floor, ctx // 2 // CELL_ALIGN * CELL_ALIGN)
-        shapes.append((slots, ctx))
-    return shapes
+def shrink_ladder(n_cells: int, min_cells: int = LADDER_MIN_CELLS) -> list[int]:
+    """The smaller pools (KV cells) to try, in order, after n_cells did not fit on the GPU: halved, on the
+    256-cell steps llama.cpp allocates, down to min_cells or the configured size when that is smaller. The
+    batch width (n_slots) stays: it costs compute buffers, not KV, and a request may still use all of a
+    smaller pool."""
+    pools: list[int] = []
+    floor = min(min_cells, n_cells)
+    cells = n_cells
+    while cells > floor:
+        cells = max(floor, cells // 2 // CELL_ALIGN * CELL_ALIGN)
+        pools.append(cells)
+    return pools
 
 
-def _shape(n_slots: int, slot_ctx: int) -> str:
-    return f"{n_slots}x{slot_ctx}"
-
-
-def slot_context(
+def pool_context(
     model: ctypes.c_void_p,
     *,
-    slot_ctx: int,
-    n_slots: int,
+    n_cells: int,
+    n_seqs: int,
     n_batch: int,
     n_threads: int,
     flash_attn: bool = True,
     kv_cache_type: str = "f16",
 ) -> ctypes.c_void_p:
-    """A context of n_slots sequences with slot_ctx cells each (kv_unified off: a slot's cells are its own)."""
+    """A context of n_seqs sequences over one unified KV pool of n_cells cells (kv_unified: any sequence
+    may take any free cell, and a prefix copied between sequences is shared, not duplicated)."""
     cp = L.llama_context_default_params()
-    cp.n_ctx = slot_ctx * n_slots
+    cp.n_ctx = n_cells
     cp.n_batch = n_batch
     cp.n_ubatch = n_batch
-    cp.n_seq_max = n_slots
+    cp.n_seq_max = n_seqs
     cp.n_threads = n_threads
     cp.n_threads_batch = n_threads
-    cp.kv_unified = False
+    cp.kv_unified = True
     if hasattr(cp, "flash_attn_type"):
         cp.flash_attn_type = -1 if flash_attn else 0  # -1 = auto
     if kv_cache_type != "f16":
@@ -313,15 +306,20 @@ class LlamaModel(Vocabulary):
         self._init_vocab()
         self.n_embd = int(L.llama_model_n_embd(self.model))
         self.n_threads = config.n_threads or default_threads()
-        self.n_slots = config.n_slots
-        self.slot_ctx = config.n_ctx // config.n_slots
-        if self.slot_ctx < 64:
-            raise EngineError(f"n_ctx={config.n_ctx} leaves {self.slot_ctx} tokens per slot; need >= 64")
+        self.n_slots = config.n_slots  # sequences decoding at once (the batch width), not a split of the KV
+        if config.n_ctx < 64:
+            raise EngineError(f"n_ctx={config.n_ctx}: the KV pool needs >= 64 cells")
+        self.n_ctx = config.n_ctx  # cells in the KV pool (the GPU ladder may make it smaller)
         self.ctx = self._context_on_gpu_or_cpu(config, hooks)
-        if (self.n_slots, self.slot_ctx) != (config.n_slots, config.n_ctx // config.n_slots):
-            # The GPU held a smaller shape: whatever reads the config from here on (the scheduler's limits,
-            # its messages) sees the context actually made.
-            config = dataclasses.replace(config, n_slots=self.n_slots, n_ctx=self.n_slots * self.slot_ctx)
+        self.n_ctx = int(L.llama_n_ctx(self.ctx))  # llama.cpp pads the pool to whole 256-cell steps
+        self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model)) or self.n_ctx
+        # The most cells one request may hold: the whole pool, but never past the context the model was
+        # trained for (positions beyond it are noise, and llama.cpp only warns).
+        self.seq_ctx = min(self.n_ctx, self.n_ctx_train)
+        if self.n_ctx != config.n_ctx:
+            # The GPU held a smaller pool (or llama.cpp padded it): whatever reads the config from here on
+            # (the scheduler's limits, its messages) sees the pool actually made.
+            config = dataclasses.replace(config, n_ctx=self.n_ctx)
             self.config = config
         self.memory = L.llama_get_memory(self.ctx)
         self.n_batch = config.n_batch
@@ -340,69 +338,69 @@ class LlamaModel(Vocabulary):
         return OffloadInfo(bool(L.llama_supports_gpu_offload()), on_gpu, n_layers, fallback)
 
     def _context_on_gpu_or_cpu(self, config: ModelConfig, hooks: test_hooks.FaultHooks) -> ctypes.c_void_p:
-        """The context. When it cannot be made with layers on the GPU (its KV cache and compute buffers did
-        not fit next to the weights: shared memory on a Jetson), smaller shapes are tried on the GPU first
-        (shrink_ladder: fewer slots, then less context per slot); only when none fits is the model reloaded
-        on the CPU and the context made there with the configured shape, as a failed GPU model load does.
-        n_slots / slot_ctx end as the shape made; the offload's fallback_reason (/health) says each step."""
-        wanted = (self.n_slots, self.slot_ctx)
+        """The context. When it cannot be made with layers on the GPU (its KV pool and compute buffers did
+        not fit next to the weights: shared memory on a Jetson), smaller pools are tried on the GPU first
+        (shrink_ladder: the pool halved, the batch width kept); only when none fits is the model reloaded
+        on the CPU and the context made there with the configured pool, as a failed GPU model load does.
+        n_ctx ends as the pool made; the offload's fallback_reason (/health) says each step."""
+        wanted = self.n_ctx
         try:
-            return self._gpu_context(hooks, *wanted)
+            return self._gpu_context(hooks, wanted)
         except EngineError as exc:
             if self.offload.n_gpu_layers == 0:
                 raise
             first_error = exc
         failed = [wanted]
-        for n_slots, slot_ctx in shrink_ladder(*wanted):
+        for cells in shrink_ladder(wanted):
             try:
-                ctx = self._gpu_context(hooks, n_slots, slot_ctx)
+                ctx = self._gpu_context(hooks, cells)
             except EngineError:
-                failed.append((n_slots, slot_ctx))
+                failed.append(cells)
                 continue
-            self.n_slots, self.slot_ctx = n_slots, slot_ctx
+            self.n_ctx = cells
             reason = (
-                f"GPU context for {', '.join(_shape(*f) for f in failed)} did not fit ({first_error}); "
-                f"running {_shape(n_slots, slot_ctx)} on the GPU"
+                f"GPU context for a KV pool of {', '.join(map(str, failed))} cells did not fit ({first_error}); "
+                f"running a pool of {cells} cells on the GPU"
             )
             log.warning("%s", reason)
             self.offload = dataclasses.replace(self.offload, fallback_reason=_joined(self.offload, reason))
             return ctx
         reason = (
-            f"GPU context creation failed for {', '.join(_shape(*f) for f in failed)} ({first_error}); "
-            f"retried on CPU with {_shape(*wanted)}"
+            f"GPU context creation failed for a KV pool of {', '.join(map(str, failed))} cells ({first_error}); "
+            f"retried on CPU with {wanted} cells"
         )
         log.warning("%s", reason)
         L.llama_model_free(self.model)
         self.model = _load_model(config.path, 0)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.offload = OffloadInfo(self.offload.gpu_supported, 0, self.offload.n_layers, _joined(self.offload, reason))
-        return self._new_context(*wanted)
+        return self._new_context(wanted)
 
-    def _gpu_context(self, hooks: test_hooks.FaultHooks, n_slots: int, slot_ctx: int) -> ctypes.c_void_p:
-        """A context of this shape with the model as loaded; the test hooks stand in for a GPU that cannot
-        hold it (on a machine without one, where the allocation would never fail)."""
+    def _gpu_context(self, hooks: test_hooks.FaultHooks, n_cells: int) -> ctypes.c_void_p:
+        """A context with a pool of n_cells and the model as loaded; the test hooks stand in for a GPU that
+        cannot hold it (on a machine without one, where the allocation would never fail)."""
         if self.offload.n_gpu_layers > 0:
             if hooks.gpu_context_failure:
                 raise EngineError("GPU context failure forced by EDGELLM_FORCE_GPU_CONTEXT_FAILURE (test hook)")
             cap = hooks.gpu_context_max_cells
-            cells = kv_cells(n_slots * slot_ctx, n_slots)
+            cells = kv_cells(n_cells)
             if cap is not None and cells > cap:
                 raise EngineError(
                     f"{cells} KV cells over the {cap} the pretend GPU holds (gpu_context_max_cells test hook)"
                 )
-        return self._new_context(n_slots, slot_ctx)
+        return self._new_context(n_cells)
 
     def _memory_can_drop_suffix(self) -> bool:
         """Prefix KV reuse keeps positions [0, n) and drops the rest; recurrent state (Mamba, RWKV,
         hybrids) and sliding-window attention cannot do that reliably, so they re-process prompts."""
         return can_drop_suffix(self.model)
 
-    def _new_context(self, n_slots: int, slot_ctx: int) -> ctypes.c_void_p:
+    def _new_context(self, n_cells: int) -> ctypes.c_void_p:
         config = self.config
-        return slot_context(
+        return pool_context(
             self.model,
-            slot_ctx=slot_ctx,
-            n_slots=n_slots,
+            n_cells=n_cells,
+            n_seqs=self.n_slots,
             n_batch=config.n_batch,
             n_threads=self.n_threads,
             flash_attn=config.flash_attn,
@@ -500,7 +498,7 @@ class LlamaModel(Vocabulary):
             if limit is not None and len(tokens) > limit:
                 raise ContextLengthExceeded(
                     f"prompt is over {limit} tokens (stopped counting at message {j // 2} of {len(messages)}) but a "
-                    f"slot holds at most {limit}; shorten the messages"
+                    f"request may hold at most {limit}; shorten the messages"
                 )
         return tokens
 
@@ -526,7 +524,9 @@ class LlamaModel(Vocabulary):
         writes its markup too (TensorRT-Edge-LLM's apply_chat_template=false)."""
         text = raw_prompt_text(messages)
         if limit is not None and len(text) > 16 * limit + 1024:  # far more bytes than tokens fit: no need to count
-            raise ContextLengthExceeded(f"prompt is over {limit} tokens but a slot holds at most {limit}; shorten it")
+            raise ContextLengthExceeded(
+                f"prompt is over {limit} tokens but a request may hold at most {limit}; shorten it"
+            )
         if any(isinstance(m.get("content"), list) for m in messages):
             tokens: list[int] = []
             for m in messages:
@@ -592,17 +592,15 @@ class LlamaModel(Vocabulary):
         return keep == 0
 
     def copy_sequence(self, src: int, dst: int, keep: int) -> bool:
-        """Make sequence `dst` hold positions [0, keep) of sequence `src` (n > 1 samples share one prefill).
-
-        Each slot has its own KV stream, and llama.cpp copies between streams only whole: the copy
-        is queued for the start of the next llama_decode, then the positions >= keep are dropped from
-        `dst`. False where the memory cannot drop a suffix (recurrent, SWA): `dst` is left empty then.
-        """
+        """Make sequence `dst` hold positions [0, keep) of sequence `src` (n > 1 samples share one prefill,
+        requests share a system prompt). In the unified pool the cells are shared, not copied: `dst` is
+        added to the cells `src` holds there. False where the memory cannot drop a suffix (recurrent,
+        SWA: a sequence's state is not a list of cells): `dst` is left empty then."""
         L.llama_memory_seq_rm(self.memory, dst, -1, -1)
-        if not self.partial_trim:
+        if not self.partial_trim or keep <= 0:
             return False
-        L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
-        return self.trim_sequence(dst, keep)
+        L.llama_memory_seq_cp(self.memory, src, dst, 0, keep)
+        return True
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes (generation and prompt batches alike)."""

@@ -129,7 +129,7 @@ def fingerprint_parts(model: LlamaModel) -> dict[str, object]:
     return {
         "format": FORMAT,
         "model": file_identity(config.path),
-        "slot_ctx": model.slot_ctx,
+        "seq_ctx": model.seq_ctx,
         "kv_cache_type": config.kv_cache_type,
         "flash_attn": config.flash_attn,
         "n_gpu_layers": model.offload.n_gpu_layers,
@@ -288,7 +288,7 @@ class PrefixStore:
         try:
             why = self._check_file(entry, path)
             tokens = None
-            if why is None and (n > len(prompt) or n > model.slot_ctx):
+            if why is None and (n > len(prompt) or n > model.seq_ctx):
                 why = f"{n} tokens do not fit the prompt or the slot"
             if why is None:
                 tokens = model.load_sequence(seq_id, path, n)
@@ -339,7 +339,7 @@ class PrefixStore:
         """Store sequence `seq_id`'s KV, which holds exactly `tokens` at positions 0..n-1; True when a
         file was written. Not saved: fewer than min_tokens, media, a prefix already stored (or covered
         by a stored one to within min_gain tokens), a state larger than max_bytes."""
-        if not self.enabled or len(tokens) < self.min_tokens or len(tokens) > model.slot_ctx:
+        if not self.enabled or len(tokens) < self.min_tokens or len(tokens) > model.seq_ctx:
             return False
         if text_length(tokens) < len(tokens):
             return False

@@ -1,8 +1,17 @@
 """Continuous batching over one llama.cpp context (llama-server's slot loop, vLLM's step shape).
 
-`step()`: drop cancelled/expired work -> admit waiting requests into idle slots -> build one batch
-(one token per generating slot, then prompt chunks of new slots up to n_batch) -> llama_decode ->
-mask + sample each slot's row -> emit outputs. A request joins or leaves between any two steps.
+`step()`: drop cancelled/expired work -> resume paused requests, admit waiting ones into idle slots ->
+make room in the KV pool for the step -> build one batch (one token per generating slot, then prompt
+chunks up to n_batch and the pool's free cells) -> llama_decode -> mask + sample each slot's row -> emit
+outputs. A request joins or leaves between any two steps.
+
+The slots (n_slots, the batch width) draw from one unified KV pool (engine/kv_pool.py mirrors which cells
+each sequence holds). A request is admitted when its prompt, after what it can share, fits in the free
+cells; it grows a cell per token. Cached prefixes of idle slots are evicted first when cells run short;
+then the most recently admitted running request is preempted (vLLM v1's recompute preemption): its cells
+are freed, its state kept, and it resumes later by prefilling its prompt and the tokens it had generated,
+so its output goes on exactly as it would have. A running sequence's prompt prefix is shared with a new
+request that starts the same way (llama_memory_seq_cp: the cells gain a sequence, nothing is copied).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from edgellm.engine.decode_cost import DecodeCost
 from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_length, expected_accepted, propose
 from edgellm.engine.draft_model import DraftAsk, DraftModel
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
+from edgellm.engine.kv_pool import KvPool
 from edgellm.engine.model import LlamaModel, raw_prompt_text
 from edgellm.engine.prefix_store import PrefixStore
 from edgellm.engine.prepared import PrepareExecutor
@@ -45,6 +55,10 @@ log = logging.getLogger(__name__)
 RETRY_SEED_STEP = 0x9E3779B1
 RETRY_TEMPERATURE = 0.7
 
+# Cells kept free for each generating slot when a request is admitted or resumed: without it, an admission
+# that just fits would be preempted again a step later, when the running slots grow.
+GROWTH_RESERVE = 16
+
 
 class Scheduler:
     def __init__(
@@ -64,6 +78,9 @@ class Scheduler:
         self.projector = projector  # images/audio in prompts; None: text only
         self.projector_error = projector_error  # why a configured projector is not in use
         self.slots = [Slot(i) for i in range(model.n_slots)]
+        self.pool = KvPool(model.n_ctx, model.n_slots)
+        self.paused: list[Slot] = []  # preempted requests (their Slot objects, detached), oldest admission first
+        self._admissions = itertools.count(1)
         self.waiting: deque[PreparedRequest] = deque()
         self.max_waiting = max_waiting
         self.guides = GuideBackend(model.vocab, model.n_vocab, model.eog_tokens, model.n_slots)
@@ -116,7 +133,7 @@ class Scheduler:
     def _prepare(self, request: EngineRequest) -> tuple[Prompt, list[Guide | None]]:
         """Prompt (tokens, media chunks) and a compiled guide per sample; raises EdgeLLMError for the
         caller's mistakes. Images are resized / audio turned into log-mel frames here, off the step loop."""
-        room = self.model.slot_ctx - 1
+        room = self.model.seq_ctx - 1
         if request.media and self.projector is None:
             why = f" ({self.projector_error})" if self.projector_error else " (setting mmproj_path)"
             raise InvalidRequest(f"this model takes text only: images and audio need a multimodal projector{why}")
@@ -148,8 +165,8 @@ class Scheduler:
             raise InvalidRequest("the prompt is empty: there is no token to start generating from")
         if len(prompt) > room:
             raise ContextLengthExceeded(
-                f"prompt is {len(prompt)} tokens but a slot holds at most {room} "
-                f"(n_ctx {self.model.config.n_ctx} / {self.model.n_slots} slots); shorten the messages"
+                f"prompt is {len(prompt)} tokens but a request may hold at most {room} (the KV pool has "
+                f"{self.model.n_ctx} cells; the model was trained for {self.model.n_ctx_train}); shorten the messages"
             )
         media = collector.spans(prompt) if collector is not None else []
         if media and media[-1].end == len(prompt):
@@ -191,6 +208,8 @@ class Scheduler:
         """True when step() has something to do now (not just requests still being prepared)."""
         if any(s.state is not SlotState.IDLE for s in self.slots) or any(g.unstarted for g in self.groups):
             return True
+        if self.paused:
+            return True
         return any(p.ready for p in self.waiting) or self.tasks.ready()
 
     def set_wake(self, wake: Callable[[], None] | None) -> None:
@@ -211,12 +230,17 @@ class Scheduler:
 
     def load(self) -> dict:
         busy = sum(1 for s in self.slots if s.state is not SlotState.IDLE)
+        pool = self.pool.usage()
         return {
             "slots_total": len(self.slots),
             "slots_busy": busy,
-            "waiting": len(self.waiting) + sum(len(g.unstarted) for g in self.groups),
+            "waiting": len(self.waiting) + sum(len(g.unstarted) for g in self.groups) + len(self.paused),
             "n_threads": self.threads.current,
             "thread_switches": self.threads.switches,
+            "kv_cells": pool.cells,
+            "kv_used": pool.used,
+            "kv_shared": pool.shared,
+            "paused": len(self.paused),
         }
 
     # -- the step ----------------------------------------------------------------------------
@@ -231,7 +255,8 @@ class Scheduler:
         self._drop_cancelled(outputs)
         self._admit(outputs)
         self._propose_drafts()
-        plan = schedule(self.slots, self.model.n_batch)
+        self._make_room()
+        plan = schedule(self.slots, self.model.n_batch, self.pool.free)
         if plan.empty:
             self._energy_mark = None  # idle: what the board draws until the next step is no request's
             return outputs
@@ -276,23 +301,34 @@ class Scheduler:
             slot.n_prefilled += span.n_tokens
             slot.n_past = slot.media_next_pos
             self.stats.prompt_tokens += span.n_tokens
+            self._sync_cells(slot)
         for seq_id, error in failed.items():
             slot = self.slots[seq_id]
             log.error("decode failed for slot %d (request %s): %s", seq_id, slot.request_id, error)
             self._emit(outputs, self._finish(slot, Finish(FinishReason.ERROR, error, "engine_error")))
             self.model.trim_sequence(seq_id, 0)  # its KV state is unknown now
+            self.pool.truncate(seq_id, 0)
             slot.cached = []
         for slot, n in plan.prefill:
             if slot.seq_id not in failed:
                 slot.n_prefilled += n
                 slot.n_past += n
-                self.stats.prompt_tokens += n
-                if slot.n_prefilled == len(slot.prompt):
-                    slot.prompt_end = slot.n_past  # other samples of its request may copy the prompt's KV now
+                if slot.refeed:
+                    self.stats.refed_tokens += n
+                else:
+                    self.stats.prompt_tokens += n
+                self._sync_cells(slot)
+                if slot.prompt_end is None and slot.n_prefilled >= len(slot.prompt):
+                    # other samples of its request may copy the prompt's KV now
+                    slot.prompt_end = slot.n_past - (slot.n_prefilled - len(slot.prompt))
+                if slot.refeed and slot.n_prefilled == len(slot.prompt) + len(slot.refeed):
+                    slot.refeed = []  # resumed: its KV is what it was when it was paused
+                    slot.state = SlotState.DECODE
         for slot in plan.decoding:
             if slot.seq_id not in failed:
                 # the tokens fed this step are in the KV cache now (drafts too, until rejected ones are cut)
                 slot.n_past += len(slot.pending) + len(slot.drafts)
+                self._sync_cells(slot)
         row = 0
         for r, (slot, n_rows) in enumerate(zip(plan.sampled, plan.n_rows, strict=True)):
             rows, row = logits[row : row + n_rows], row + n_rows
@@ -339,7 +375,7 @@ class Scheduler:
             room = min(
                 MAX_DRAFT,
                 params.max_tokens - len(slot.generated) - 1,  # the pending sample is one of max_tokens
-                self.model.slot_ctx - slot.cells - len(slot.pending) - 1,
+                self.model.seq_ctx - slot.cells - len(slot.pending) - 1,
             )
             candidates.append((slot, room))
         candidates.sort(key=lambda c: -c[0].acceptance.p)
@@ -467,6 +503,7 @@ class Scheduler:
     def _clear_first_slot(self) -> None:
         slot = self.slots[0]
         self.model.trim_sequence(slot.seq_id, 0)
+        self.pool.truncate(slot.seq_id, 0)
         slot.cached = []
 
     def _settle_drafts(self, slot: Slot, accepted: int) -> None:
@@ -482,6 +519,7 @@ class Scheduler:
         if accepted < proposed:
             slot.n_past -= proposed - accepted
             self.model.trim_sequence(slot.seq_id, slot.n_past)
+            self._sync_cells(slot)
         slot.drafts = []
 
     def _decode_media(self, plan: StepPlan) -> dict[int, str]:
@@ -555,10 +593,12 @@ class Scheduler:
             else:
                 outputs.append(EngineOutput.failure(p.request.request_id, cancel_text(reason), None, reason))
         self.waiting = kept
-        for slot in self.slots:
+        for slot in [*self.slots, *self.paused]:
             if slot.state is not SlotState.IDLE:
                 reason = self._cancel_reason(slot.request, now)
                 if reason is not None:
+                    if slot in self.paused:
+                        self.paused.remove(slot)
                     self._emit(outputs, self._finish(slot, Finish(reason, cancel_text(reason))))
         for group in [g for g in self.groups if g.unstarted]:
             reason = self._cancel_reason(group.request, now)
@@ -578,7 +618,17 @@ class Scheduler:
             idle = [s for s in self.slots if s.state is SlotState.IDLE]
             if not idle:
                 return
-            if self._start_sample(idle):  # samples of a running n > 1 request go before new requests
+            if self.paused:
+                # Preempted requests resume first, oldest admission first; until they can, nothing new
+                # starts (it would take the cells they wait for).
+                if not self._resume(self.paused[0], idle):
+                    return
+                self.paused.pop(0)
+                continue
+            started = self._start_sample(idle)  # samples of a running n > 1 request go before new requests
+            if started is None:
+                return  # a sample waits for cells: so does everything behind it
+            if started:
                 continue
             prepared = next((p for p in self.waiting if p.ready), None)
             if prepared is None:
@@ -588,7 +638,7 @@ class Scheduler:
                 # A LoRA adapter applies to the whole context: switch only once every slot is done with
                 # the current one (and no sample of an n > 1 request still waits for a slot under it).
                 # Requests behind this one wait too, so it cannot be starved.
-                if len(idle) < len(self.slots) or any(g.unstarted for g in self.groups):
+                if len(idle) < len(self.slots) or any(g.unstarted for g in self.groups) or self.paused:
                     return
                 try:
                     self._activate_adapter(adapter)
@@ -596,64 +646,76 @@ class Scheduler:
                     self.waiting.remove(prepared)
                     outputs.append(EngineOutput.failure(prepared.request.request_id, exc.message, exc.error_type))
                     continue
-            self.waiting.remove(prepared)
             if prepared.future.exception() is not None:
                 # Its preparation failed after the check above (the prepare pool runs concurrently).
+                self.waiting.remove(prepared)
                 outputs.append(_preparation_failure(prepared))
                 continue
             prepared_prompt, guides = prepared.future.result()
             prepared.prompt = prepared_prompt.tokens
             prepared.media = prepared_prompt.media
             prepared.thinking_open = prepared_prompt.thinking_open
-            group = None
-            if prepared.request.n > 1:
-                group = SampleGroup(prepared, guides)
+            group = SampleGroup(prepared, guides) if prepared.request.n > 1 else None
+            if not self._place(prepared, guides[0], idle, group=group):
+                if len(idle) == len(self.slots):
+                    # Not even an empty pool holds it (its media take more cells than positions): refused.
+                    self.waiting.remove(prepared)
+                    exc = ContextLengthExceeded(
+                        f"the prompt needs more KV cells than the pool's {self.pool.n_cells}; shorten it"
+                    )
+                    outputs.append(EngineOutput.failure(prepared.request.request_id, exc.message, exc.error_type))
+                    continue
+                return  # its prompt does not fit in the free cells yet: it (and what follows) waits
+            self.waiting.remove(prepared)
+            if group is not None:
                 self.groups.append(group)
-            self._place(prepared, guides[0], idle, group=group)
+
+    def _best_prefix(self, tokens: list[int], idle: list[Slot], lookup: bool) -> tuple[int, Slot, Slot | None]:
+        """(tokens shared, the idle slot to start in, the running slot to share them from or None).
+
+        The idle slot whose cached tokens share the longest prefix with `tokens`; a running sequence whose
+        prompt shares more is shared from instead, into the idle slot whose cache is worth least. KV
+        computed under another adapter is not this request's: only same-adapter caches count."""
+        adapter = self._adapter
+        shared, slot = max(
+            ((s.common_prefix(tokens) if lookup and s.cached_adapter == adapter else 0, s) for s in idle),
+            key=lambda pair: pair[0],
+        )
+        source = None
+        if lookup and self.model.partial_trim:  # recurrent/SWA memory cannot hold part of another sequence
+            for running in self.slots:
+                if running.state is SlotState.IDLE or running.cached_adapter != adapter:
+                    continue
+                n = _common_prefix(running.kv_prefix(), tokens)
+                if n > shared:
+                    shared, source = n, running
+        if source is not None:
+            slot = min(idle, key=lambda s: len(s.cached))
+        return shared, slot, source
+
+    def _cells_free_for(self, need: int, keep: Slot) -> bool:
+        """Whether `need` more cells fit: in the free ones, plus what evicting idle caches (not `keep`'s)
+        would free, less a reserve for the running slots' next tokens (GROWTH_RESERVE each)."""
+        running = sum(1 for s in self.slots if s.state is not SlotState.IDLE)
+        evictable = sum(
+            self.pool.only_held_by(s.seq_id) for s in self.slots if s.state is SlotState.IDLE and s is not keep
+        )
+        return need + GROWTH_RESERVE * running <= self.pool.free + evictable
 
     def _place(
         self, prepared: PreparedRequest, guide: Guide | None, idle: list[Slot], *, group=None, index: int = 0
-    ) -> None:
-        """Start a request (or one sample of it) in the idle slot whose cache shares most of its prompt."""
-        prompt = prepared.prompt
-        adapter = self._adapter
-        # The idle slot whose cached tokens share the longest prefix with this prompt; at least
-        # one prompt token is always decoded again, to get the logits of the first output. KV
-        # computed under another adapter is not this request's: only same-adapter caches count.
-        lookup = prepared.request.cache_lookup
-        shared, slot = max(
-            ((s.common_prefix(prompt) if lookup and s.cached_adapter == adapter else 0, s) for s in idle),
-            key=lambda pair: pair[0],
-        )
-        # A prefix saved on disk (engine/prefix_store.py) that covers more: restored into the idle slot
-        # whose cache is worth least; never under a LoRA adapter (the files hold the base model's KV).
-        store = self.prefix_store if lookup and adapter is None else None
-        entry = store.better_than(shared, prompt) if store is not None else None
-        if entry is not None:
-            target = min(idle, key=lambda s: len(s.cached))
-            restored = store.restore(self.model, target.seq_id, entry, prompt)
-            target.cached = list(prompt[:restored])
-            if restored:
-                shared, slot = restored, target
-                self.stats.restored_tokens += restored
-            elif target is slot:  # the file was bad, and the best slot's own cache went with the load
-                shared = 0
-            # else: the file was bad; the best slot's cache still serves
-        reused = min(shared, len(prompt) - 1)
-        # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
-        reused = next((m.start for m in prepared.media if m.start < reused < m.end), reused)
-        if not self.model.trim_sequence(slot.seq_id, reused):
-            reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
-            slot.cached = []
-        if store is not None and entry is None and reused >= store.min_tokens:
-            # A second request shares this much of a slot's cached prompt: a system prompt or preamble
-            # that repeats. Kept on disk (the KV holds exactly prompt[:reused] now) for after a restart.
-            store.save(self.model, slot.seq_id, prompt[:reused])
+    ) -> bool:
+        """Start a request (or one sample of it) in an idle slot, sharing the longest cached or running
+        prefix of its prompt; False (nothing changed) when its prompt does not fit in the pool yet."""
+        reused, slot = self._take_prefix(prepared.prompt, prepared.media, idle, prepared.request.cache_lookup)
+        if slot is None:
+            return False
         if self.draft_model is not None:
             self.draft_model.keep_prefix(slot.seq_id, reused)
         request = group.sample_request(index) if group is not None else None
         slot.start(prepared, guide, reused, request=request, group=group, index=index)
-        slot.cached_adapter = adapter
+        slot.admitted = next(self._admissions)
+        slot.cached_adapter = self._adapter
         self.stats.reused_tokens += reused
         log.debug(
             "slot %d admits request %s (sample %d, %d prompt tokens, %d reused)",
@@ -663,12 +725,89 @@ class Scheduler:
             len(slot.prompt),
             reused,
         )
+        return True
 
-    def _start_sample(self, idle: list[Slot]) -> bool:
-        """Start the next waiting sample of an n > 1 request in an idle slot; False when none can start.
+    def _take_prefix(self, tokens: list[int], media: list, idle: list[Slot], lookup: bool) -> tuple[int, Slot | None]:
+        """Ready an idle slot's sequence to prefill `tokens`: it holds their longest prefix that can be had
+        (its own cache, a running sequence's prompt shared, a prefix file restored), and the rest fits in
+        the pool. (tokens it holds, the slot); (0, None) when the rest does not fit yet (nothing changed)."""
+        adapter = self._adapter
+        shared, slot, source = self._best_prefix(tokens, idle, lookup)
+        reused = min(shared, len(tokens) - 1)
+        # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
+        reused = next((m.start for m in media if m.start < reused < m.end), reused)
+        extra = sum(m.n_tokens - m.n_pos for m in media if m.end > reused)
+        need = len(tokens) - reused + extra
+        if not self._cells_free_for(need, slot):
+            return 0, None
+        self._evict_idle(need - self.pool.free, keep=slot)
+        if source is not None:
+            if self.model.copy_sequence(source.seq_id, slot.seq_id, reused):
+                self.pool.share(source.seq_id, slot.seq_id, reused)
+                slot.cached = list(tokens[:reused])
+                self.stats.shared_prompt_tokens += reused
+            else:
+                self.pool.truncate(slot.seq_id, 0)
+                slot.cached, shared, reused = [], 0, 0
+            slot.cached_adapter = adapter
+        # A prefix saved on disk (engine/prefix_store.py) that covers more: restored into the idle slot
+        # whose cache is worth least; never under a LoRA adapter (the files hold the base model's KV).
+        store = self.prefix_store if lookup and adapter is None else None
+        entry = store.better_than(shared, tokens) if store is not None else None
+        if entry is not None:
+            target = min(idle, key=lambda s: len(s.cached))
+            restored = store.restore(self.model, target.seq_id, entry, tokens)
+            target.cached = list(tokens[:restored])
+            self.pool.truncate(target.seq_id, 0)
+            self.pool.grow(target.seq_id, restored)
+            if restored:
+                shared, slot = restored, target
+                self.stats.restored_tokens += restored
+                reused = min(shared, len(tokens) - 1)
+                reused = next((m.start for m in media if m.start < reused < m.end), reused)
+            elif target is slot:  # the file was bad, and the best slot's own cache went with the load
+                shared = reused = 0
+            # else: the file was bad; the best slot's cache still serves
+        if not self.model.trim_sequence(slot.seq_id, reused):
+            reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
+            slot.cached = []
+        self.pool.truncate(slot.seq_id, reused)
+        if store is not None and entry is None and reused >= store.min_tokens:
+            # A second request shares this much of a cached prompt: a system prompt or preamble that
+            # repeats. Kept on disk (the KV holds exactly tokens[:reused] now) for after a restart.
+            store.save(self.model, slot.seq_id, tokens[:reused])
+        return reused, slot
 
-        It gets a copy of the prompt's KV from a running sample (the prompt is decoded once); while the
-        first sample is still prefilling, the others wait for it rather than prefill the prompt again.
+    def _resume(self, paused: Slot, idle: list[Slot]) -> bool:
+        """Put a preempted request back into an idle slot's sequence: it prefills its prompt and the
+        tokens it had generated (sharing what it can), then decodes on from its pending tokens. False when
+        that does not fit in the pool yet."""
+        reused, slot = self._take_prefix(paused.feed, paused.media, idle, paused.request.cache_lookup)
+        if slot is None:
+            return False
+        if self.draft_model is not None:
+            self.draft_model.keep_prefix(slot.seq_id, reused)
+        paused.seq_id = slot.seq_id
+        paused.cached, paused.cached_adapter = slot.cached, slot.cached_adapter
+        paused.n_prefilled = paused.n_past = reused
+        if reused >= len(paused.prompt):
+            paused.prompt_end = len(paused.prompt)  # text-only here: positions are the entries
+        self.slots[slot.seq_id] = paused
+        log.debug(
+            "slot %d resumes request %s (%d of %d tokens shared)",
+            paused.seq_id,
+            paused.request_id,
+            reused,
+            len(paused.feed),
+        )
+        return True
+
+    def _start_sample(self, idle: list[Slot]) -> bool | None:
+        """Start the next waiting sample of an n > 1 request in an idle slot: True when one started, False
+        when none is waiting, None when one waits for cells (admission stops there).
+
+        It shares the prompt's cells of a running sample (the prompt is decoded once); while the first
+        sample is still prefilling, the others wait for it rather than prefill the prompt again.
         """
         for group in self.groups:
             if not group.unstarted:
@@ -677,37 +816,120 @@ class Scheduler:
             source = group.source(live)
             if source is None and live:
                 continue  # the prompt is still being prefilled
-            index = group.unstarted.popleft()
+            index = group.unstarted[0]
             prepared, guide = group.prepared, group.guides[index]
             keep = len(prepared.prompt) - 1
             slot = min(idle, key=lambda s: len(s.cached))  # keep the most valuable prefix caches
-            if self.draft_model is not None:
-                self.draft_model.forget(slot.seq_id)
-            if source is not None and self.model.copy_sequence(source.seq_id, slot.seq_id, source.prompt_end - 1):
-                slot.start(
-                    prepared,
-                    guide,
-                    keep,
-                    request=group.sample_request(index),
-                    past=source.prompt_end - 1,
-                    group=group,
-                    index=index,
-                )
-                slot.cached_adapter = source.cached_adapter
+            if source is not None and self._cells_free_for(1, slot):
+                group.unstarted.popleft()
+                if self.draft_model is not None:
+                    self.draft_model.forget(slot.seq_id)
+                if self.model.copy_sequence(source.seq_id, slot.seq_id, source.prompt_end - 1):
+                    self.pool.share(source.seq_id, slot.seq_id, keep + source.media_cells())
+                    slot.start(
+                        prepared,
+                        guide,
+                        keep,
+                        request=group.sample_request(index),
+                        past=source.prompt_end - 1,
+                        group=group,
+                        index=index,
+                    )
+                    slot.admitted = next(self._admissions)
+                    slot.cached_adapter = source.cached_adapter
+                    slot.cached = []
+                    self.stats.shared_prompt_tokens += keep
+                    log.debug(
+                        "slot %d starts sample %d of request %s from slot %d's prompt KV",
+                        slot.seq_id,
+                        index,
+                        slot.request_id,
+                        source.seq_id,
+                    )
+                    return True
+                self.pool.truncate(slot.seq_id, 0)
                 slot.cached = []
-                self.stats.shared_prompt_tokens += keep
-                log.debug(
-                    "slot %d starts sample %d of request %s from slot %d's prompt KV",
-                    slot.seq_id,
-                    index,
-                    slot.request_id,
-                    source.seq_id,
-                )
-            else:
-                # No sample holds the prompt any more (all finished, or the first failed): an ordinary admission.
-                self._place(prepared, guide, idle, group=group, index=index)
+                group.unstarted.appendleft(index)
+            # No sample holds the prompt any more (all finished, or the first failed): an ordinary admission.
+            if not self._place(prepared, guide, idle, group=group, index=index):
+                return None
+            group.unstarted.popleft()
             return True
         return False
+
+    # -- the pool ----------------------------------------------------------------------------
+    def _sync_cells(self, slot: Slot) -> None:
+        """The pool's record of `slot`'s sequence after a decode or a cut: the cells the slot holds now."""
+        held = self.pool.held(slot.seq_id)
+        if slot.cells > held:
+            self.pool.grow(slot.seq_id, slot.cells - held)
+        else:
+            self.pool.truncate(slot.seq_id, slot.cells)
+
+    def _release(self, slot: Slot) -> None:
+        """A finished slot's sequence keeps only what later requests may reuse (`cached`): the rest of its
+        cells go back to the pool."""
+        if slot.seq_id < 0 or self.slots[slot.seq_id] is not slot:
+            return  # a preempted request's Slot: its cells were freed when it was paused
+        if not self.model.trim_sequence(slot.seq_id, len(slot.cached)):
+            slot.cached = []
+        self.pool.truncate(slot.seq_id, len(slot.cached))
+        slot.idle_since = time.monotonic()
+
+    def _evict_idle(self, need: int, keep: Slot | None = None) -> bool:
+        """Free at least `need` cells by dropping idle slots' cached prefixes, least recently used first
+        (never `keep`'s); whether any were freed."""
+        freed = 0
+        for slot in sorted(
+            (s for s in self.slots if s.state is SlotState.IDLE and s is not keep and self.pool.held(s.seq_id)),
+            key=lambda s: s.idle_since,
+        ):
+            if freed >= need:
+                break
+            before = self.pool.free
+            self.model.trim_sequence(slot.seq_id, 0)
+            self.pool.truncate(slot.seq_id, 0)
+            slot.cached = []
+            if self.draft_model is not None:
+                self.draft_model.forget(slot.seq_id)
+            freed += self.pool.free - before
+        self.stats.evicted_cells += freed
+        return freed > 0
+
+    def _make_room(self) -> None:
+        """Make the pool hold this step's generated tokens (and drafts): drop the drafts, then idle caches,
+        then preempt running requests, the most recently admitted first, until it does. Prefill takes only
+        what is free after (step_plan.schedule)."""
+        while True:
+            decoding = [s for s in self.slots if s.state is SlotState.DECODE]
+            need = sum(len(s.pending) + len(s.drafts) for s in decoding)
+            if need <= self.pool.free:
+                return
+            if any(s.drafts for s in decoding):
+                for s in decoding:
+                    s.drafts = []  # drafts only save time; they never take cells a request needs
+                continue
+            if self._evict_idle(need - self.pool.free):
+                continue
+            running = [s for s in self.slots if s.state is not SlotState.IDLE]
+            if len(running) <= 1:
+                return  # one sequence alone always fits (seq_ctx <= the pool): nothing left to free
+            self._preempt(max(running, key=lambda s: s.admitted))
+
+    def _preempt(self, slot: Slot) -> None:
+        """Pause a running request: free its cells (those it shares stay with the others), keep all of its
+        state in its Slot object (now detached), and put an empty Slot in its sequence."""
+        seq_id = slot.seq_id
+        log.info("preempting request %s in slot %d: the KV pool is full", slot.request_id, seq_id)
+        self.model.trim_sequence(seq_id, 0)
+        self.pool.truncate(seq_id, 0)
+        if self.draft_model is not None:
+            self.draft_model.forget(seq_id)
+        slot.pause()
+        self.slots[seq_id] = Slot(seq_id)
+        self.paused.append(slot)
+        self.paused.sort(key=lambda s: s.admitted)
+        self.stats.preemptions += 1
 
     def _activate_adapter(self, adapter: tuple[str, float] | None) -> None:
         from edgellm.engine.lora import AdapterCache  # only requests that name an adapter load the module
@@ -790,6 +1012,7 @@ class Scheduler:
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
         group = slot.group
         slot.reset(commit=slot.request.cache_commit)
+        self._release(slot)
         if group is None:
             return out
         combined = group.finish(out)
@@ -823,6 +1046,7 @@ class Scheduler:
         retry = replace(request, sampling=sampling, schema_retry=True, first_draw=out)
         log.info("request %s: its answer fails its schema after generation; drawing it once more", slot.request_id)
         slot.reset(commit=request.cache_commit)
+        self._release(slot)
         self.waiting.appendleft(PreparedRequest(retry, self._preparer.submit(self._prepare, retry)))
         return True
 
@@ -894,6 +1118,15 @@ def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:
     # A bug in preparation: this request's failure, never the worker's.
     log.error("request %s: preparation failed", rid, exc_info=exc)
     return EngineOutput.failure(rid, f"internal error while preparing the request: {exc!r}"[:500], "engine_error")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _adapter_key(request: EngineRequest) -> tuple[str, float] | None:

@@ -67,7 +67,7 @@ def self_test_size(model, max_waiting: int) -> tuple[int, int, int]:
     n_seq = max(1, min(SELF_TEST_MAX_SEQUENCES, model.n_slots, max_waiting))
     # A small context (a test config, a board preset) still gets a prompt that fits with its answer.
     # (8 words of overshoot are at most ~24 tokens.)
-    prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.slot_ctx - SELF_TEST_NEW_TOKENS - 32))
+    prompt_tokens = max(8, min(SELF_TEST_PROMPT_TOKENS, model.seq_ctx - SELF_TEST_NEW_TOKENS - 32))
     return n_seq, prompt_tokens, SELF_TEST_NEW_TOKENS
 
 

@@ -39,6 +39,11 @@ class Slot:
         self.media: list[MediaSpan] = []
         self.group: SampleGroup | None = None  # the n > 1 request this slot generates a sample of
         self.index = 0  # which sample
+        self.idle_since = 0.0  # when its last request ended (idle caches are evicted oldest first)
+        self.admitted = 0  # admission order (Scheduler._admitted): preemption pauses the latest first
+        # After a preemption: the generated tokens whose KV was freed, fed again after the prompt (no logits)
+        # before the request goes on decoding from its pending tokens, as if it had never stopped.
+        self.refeed: list[int] = []
 
     def common_prefix(self, prompt: list[int]) -> int:
         n = 0
@@ -109,6 +114,7 @@ class Slot:
         self.closing = False  # steering to the shortest valid ending is on
         self.acceptance = Acceptance()  # how often this request's drafts are accepted (engine/draft.py)
         self._stops = [s.encode("utf-8", "surrogatepass") for s in self.request.sampling.stop if s]
+        self.refeed = []
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
@@ -119,8 +125,39 @@ class Slot:
         return next((m for m in self.media if m.start == index), None)
 
     def text_end(self, index: int) -> int:
-        """Where the text run from `index` ends: the next media chunk or the prompt's end."""
-        return min((m.start for m in self.media if m.start >= index), default=len(self.prompt))
+        """Where the text run from `index` ends: the next media chunk or the end of what is fed."""
+        return min((m.start for m in self.media if m.start >= index), default=len(self.prompt) + len(self.refeed))
+
+    @property
+    def feed(self) -> list[int]:
+        """What prefill feeds: the prompt, and after a preemption the generated tokens its KV held."""
+        return self.prompt + self.refeed if self.refeed else self.prompt
+
+    def pause(self) -> None:
+        """Preempted: its KV is freed. What it had generated into the KV becomes `refeed`, so that a later
+        prefill (from position 0, or a shared prefix) rebuilds exactly the cache it had; its sampler state,
+        guide, stop matching and pending tokens are untouched."""
+        if self.state is SlotState.DECODE:
+            in_kv = len(self.generated) - len(self.pending)
+            self.refeed = self.generated[:in_kv]
+        # else still prefilling: the prompt (and any refeed not yet done) is fed again
+        self.drafts = []
+        self.state = SlotState.PREFILL
+        self.n_prefilled = self.n_past = 0
+        self.prompt_end = None
+        self.seq_id = -1  # not a sequence's any more: the Slot that replaces it in the scheduler holds it
+
+    def kv_prefix(self) -> list[int]:
+        """Prompt tokens this running sequence holds from position 0 on, where positions are the entries'
+        own (text before any media): what another request with the same start may share."""
+        end = min(self.n_prefilled, len(self.prompt))
+        if self.media:
+            end = min(end, self.media[0].start)
+        return self.prompt[:end]
+
+    def media_cells(self) -> int:
+        """Cells the prompt's media take beyond the positions they advance (M-RoPE), all chunks."""
+        return sum(m.n_tokens - m.n_pos for m in self.media)
 
     @property
     def cells(self) -> int:
@@ -232,6 +269,7 @@ class Slot:
             # before it can be matched by a later prompt's entries.
             self.cached = self.cached[: self.media[0].start]
         self.media = []  # frees the chunks' preprocessed pixels
+        self.refeed = []
         self.state = SlotState.IDLE
         self.request = None
         self.guide = None

@@ -15,7 +15,10 @@ class StepStats:
     prompt_tokens: int = 0  # prompt tokens decoded
     reused_tokens: int = 0  # prompt tokens skipped thanks to a cached prefix
     restored_tokens: int = 0  # of those, loaded from the prefix files on disk (engine/prefix_store.py)
-    shared_prompt_tokens: int = 0  # prompt tokens of n > 1 samples copied from another sample's KV
+    shared_prompt_tokens: int = 0  # prompt tokens taken from another running sequence's cells (shared)
+    preemptions: int = 0  # running requests paused to free KV cells (each resumed later, nothing lost)
+    refed_tokens: int = 0  # generated tokens fed again when a preempted request resumed
+    evicted_cells: int = 0  # cells of idle sequences' cached prefixes freed for running work
     generated_tokens: int = 0
     drafted_tokens: int = 0  # speculative draft tokens verified
     accepted_tokens: int = 0  # of those, kept (each one a decode step saved)
@@ -35,6 +38,9 @@ class StepStats:
             "reused_tokens": self.reused_tokens,
             "restored_tokens": self.restored_tokens,
             "shared_prompt_tokens": self.shared_prompt_tokens,
+            "preemptions": self.preemptions,
+            "refed_tokens": self.refed_tokens,
+            "evicted_cells": self.evicted_cells,
             "generated_tokens": self.generated_tokens,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,

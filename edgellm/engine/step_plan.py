@@ -1,8 +1,11 @@
 """What one engine step decodes: a pure function of the slots' states (vLLM v1's SchedulerOutput).
 
-`schedule(slots, n_batch)` decides, without touching llama.cpp, which tokens each slot feeds this
-step: every generating slot its pending tokens (the last sampled one plus grammar-forced ones),
-then prompt chunks of prefilling slots, in slot order, until the batch budget is spent. A prompt's
+`schedule(slots, n_batch, free_cells)` decides, without touching llama.cpp, which tokens each slot feeds
+this step: every generating slot its pending tokens (the last sampled one plus grammar-forced ones),
+then prompt chunks of prefilling slots, in admission order, until the batch budget or the KV pool's free
+cells are spent (the scheduler has made room for the generating slots' tokens before it plans). A slot
+resuming after a preemption prefills its prompt and then the generated tokens it had (`Slot.refeed`),
+without logits: it goes on from its pending tokens. A prompt's
 media chunk (an image, a 30 s audio window) goes in `media`: at most one per step, encoded and
 decoded before the token batch, so text slots wait for at most one encode per step. The
 scheduler decodes the plan and applies the outcome (`Scheduler.update_from_output`). Speculative
@@ -46,8 +49,9 @@ class StepPlan:
         self.want_logits += [False] * (len(tokens) - 1) + [logits_for_last] + [True] * len(drafts)
 
 
-def schedule(slots: Sequence[Slot], n_batch: int) -> StepPlan:
-    """The next step's batch: decoding slots first (latency), then prompt chunks up to `n_batch`."""
+def schedule(slots: Sequence[Slot], n_batch: int, free_cells: int | None = None) -> StepPlan:
+    """The next step's batch: decoding slots first (latency), then prompt chunks up to `n_batch` tokens
+    and `free_cells` new KV cells (None: no limit)."""
     plan = StepPlan()
     for slot in slots:
         if slot.state is SlotState.DECODE:
@@ -56,25 +60,29 @@ def schedule(slots: Sequence[Slot], n_batch: int) -> StepPlan:
             plan.n_rows.append(1 + len(slot.drafts))
             plan.decoding.append(slot)
     budget = n_batch - len(plan.tokens)
-    for slot in slots:
-        if slot.state is not SlotState.PREFILL:
-            continue
+    cells = (free_cells if free_cells is not None else 1 << 62) - len(plan.tokens)
+    for slot in sorted((s for s in slots if s.state is SlotState.PREFILL), key=lambda s: s.admitted):
         start, pos = slot.n_prefilled, slot.n_past
         if (span := slot.media_at(start)) is not None:
-            if plan.media is not None:
-                continue  # one encode per step
+            if plan.media is not None or span.n_tokens > cells:
+                continue  # one encode per step, and only into cells that are free
             plan.media = (slot, span)
             start, pos = span.end, pos + span.n_pos
-        if budget <= 0:
+            cells -= span.n_tokens
+        if budget <= 0 or cells <= 0:
             continue
-        chunk = slot.prompt[start : min(slot.text_end(start), start + budget)]
+        feed = slot.feed
+        chunk = feed[start : min(slot.text_end(start), start + budget, start + cells)]
         if not chunk:
             continue  # another media chunk follows at once: next step
-        done = start + len(chunk) == len(slot.prompt)
-        plan._feed(slot, chunk, pos, done)  # the prompt's last token gives the first logits
+        # The prompt's last token gives the first logits; a resumed slot's refeed gives none (its next
+        # token is pending already).
+        done = start + len(chunk) == len(feed) and not slot.refeed
+        plan._feed(slot, chunk, pos, done)
         if done:
             plan.sampled.append(slot)
             plan.n_rows.append(1)
         plan.prefill.append((slot, len(chunk)))
         budget -= len(chunk)
+        cells -= len(chunk)
     return plan

@@ -68,7 +68,7 @@ class Tasks:
             else model
         )
         self.embed_ctx = (
-            config.embedding_ctx if config.embedding_model_path else min(config.embedding_ctx, model.slot_ctx)
+            config.embedding_ctx if config.embedding_model_path else min(config.embedding_ctx, model.seq_ctx)
         )
         self.utility: list[tuple[EngineRequest, Future[dict[str, Any]]]] = []
         self.embeds: deque[EmbedJob] = deque()
@@ -235,14 +235,14 @@ class Tasks:
                 "template_kwargs": request.template_kwargs,
                 "tools": request.tools,
             }
-            room = model.slot_ctx - 1
+            room = model.seq_ctx - 1
             if request.apply_chat_template:
                 prompt = model.render_chat(request.messages, **options)
                 n = len(model.chat_tokens(request.messages, **options))
             else:
                 prompt = "".join(str(m.get("content") or "") for m in request.messages)
                 n = len(model.raw_tokens(request.messages))
-            return {"prompt": prompt, "n_tokens": n, "fits": n <= room, "slot_ctx": model.slot_ctx}
+            return {"prompt": prompt, "n_tokens": n, "fits": n <= room, "seq_ctx": model.seq_ctx}
         raise EngineError(f"unknown engine task {request.task!r}")
 
 

@@ -181,7 +181,7 @@ class TokenStep:
             return Finish(FinishReason.STOP, cause=StopCause.STOP_STRING)
         if slot.guide is not None and slot.guide.is_done():
             return Finish(FinishReason.STOP, cause=StopCause.GUIDE)
-        if len(slot.generated) >= params.max_tokens or slot.cells + 1 + len(forced) > self.model.slot_ctx:
+        if len(slot.generated) >= params.max_tokens or slot.cells + 1 + len(forced) > self.model.seq_ctx:
             return Finish(FinishReason.LENGTH)
         slot.pending = [token, *forced]
         return None
@@ -201,7 +201,7 @@ class TokenStep:
         """Tokens the answer may still take: the least of what max_tokens leaves, what the context leaves
         (a long prompt ends the output at the slot's end, before max_tokens) and what the request's
         deadline leaves at this slot's own pace so far: closing plans for whichever ends it first."""
-        left = min(slot.request.sampling.max_tokens - len(slot.generated), self.model.slot_ctx - slot.cells - 1)
+        left = min(slot.request.sampling.max_tokens - len(slot.generated), self.model.seq_ctx - slot.cells - 1)
         deadline, n = slot.request.deadline, len(slot.generated)
         if deadline is not None and slot.first_token_at is not None and n >= DEADLINE_PACE_TOKENS:
             spent = time.monotonic() - slot.first_token_at
@@ -215,7 +215,7 @@ class TokenStep:
         params = slot.request.sampling
         return min(
             params.max_tokens - len(slot.generated),
-            self.model.slot_ctx - slot.cells - 2,
+            self.model.seq_ctx - slot.cells - 2,
             self.max_feed - 1,
         )
 

@@ -115,7 +115,8 @@ def run_job(
             "n_gpu_layers": engine.model.offload.n_gpu_layers,
             "n_threads": engine.model.n_threads,
             "n_slots": engine.model.n_slots,
-            "slot_ctx": engine.model.slot_ctx,
+            "n_ctx": engine.model.n_ctx,
+            "seq_ctx": engine.model.seq_ctx,
         }
         if on_phase is not None:  # every response is final (and journaled): what is left is the teardown
             on_phase(CLOSING, "closing")

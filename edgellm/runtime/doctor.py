@@ -115,7 +115,8 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     if plan is not None:
         say(
             "memory plan",
-            f"n_ctx {plan['n_ctx']} = {plan['n_slots']} slots x {plan['slot_ctx']} ({plan['kv_type']} KV); "
+            f"KV pool of {plan['kv_cells']} cells ({plan['kv_type']}) for {plan['n_slots']} slots, up to "
+            f"{plan['seq_ctx']} a request; "
             f"weights {plan['weights_mib']} MiB + KV {plan['kv_mib']} + compute {plan['compute_mib']} + overhead "
             f"{plan['overhead_mib']} + embeddings {plan.get('embedding_mib', 0)} "
             f"+ draft model {plan.get('draft_mib', 0)} = {plan['total_mib']} MiB "

@@ -145,10 +145,12 @@ class Settings(BaseSettings):
     max_media_items: int = Field(8, ge=1, le=256, description="images and audio clips in one request")
     # "auto": sized to memory_budget from the model's metadata (engine/memory_plan.py).
     n_ctx: Annotated[int, Field(ge=256)] | Literal["auto"] = Field(
-        8192, description="total KV cells, split evenly across slots; auto = the most that fit memory_budget"
+        8192,
+        description="cells in the one KV pool all requests share (one request may use it all, up to the "
+        "model's trained context); auto = the most that fit memory_budget",
     )
     n_slots: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
-        8, description="auto = 4, fewer when memory_budget is short"
+        8, description="requests decoding at once (the batch width); auto = 4, fewer when memory_budget is short"
     )
     # What the weights, KV cache, compute buffers and runtime may use, e.g. "3GiB"; default: 75% of
     # MemAvailable (on a Jetson the GPU allocates from that same memory). The node refuses to start

@@ -73,11 +73,12 @@ def run_worker(config: WorkerConfig, conn: Connection) -> None:
         conn.send(Fatal(f"{type(exc).__name__}: {exc}"))
         return
     log.info(
-        "engine ready: %s on %s (%d slots x %d ctx, warm-up %.0f ms)",
+        "engine ready: %s on %s (%d slots over a KV pool of %d cells, %d a request; warm-up %.0f ms)",
         info.model_name,
         info.offload["device"],
         info.n_slots,
-        info.slot_ctx,
+        info.n_ctx,
+        info.seq_ctx,
         info.warmup_ms,
     )
     # Started after the warm-up, so its self-test is no one's energy. In the worker, not the API process:

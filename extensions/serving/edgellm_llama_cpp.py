@@ -114,7 +114,7 @@ class EdgellmLlamaCpp(BaseServingProcess):
             f"edgellm engine ready: {self._model_name} on {offload.device} "
             f"({offload.n_gpu_layers}/{offload.n_layers} layers offloaded"
             f"{'; ' + offload.fallback_reason if offload.fallback_reason else ''}), "
-            f"{model.n_slots} slots x {model.slot_ctx} ctx"
+            f"{model.n_slots} slots over a {model.n_ctx}-cell KV pool"
             f"{'; projector: ' + (media.get('error') or 'attached') if self.cfg_mmproj_path else ''}"
         )
         if self.cfg_warmup:  # the first request must not pay for lazy init; a model that cannot answer fails here

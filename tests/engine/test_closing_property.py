@@ -146,7 +146,7 @@ def driver(engine):
         slot = Slot(0)
         slot.start(PreparedRequest(request, prompt_ready, prompt=[0]), guide)
         if at_context_end:  # a prompt that leaves `budget` cells of the slot (the last one stays free)
-            slot.n_past = model.slot_ctx - 1 - budget
+            slot.n_past = model.seq_ctx - 1 - budget
         rng = np.random.default_rng(seed)
         while True:
             row = bank[rng.integers(BANK_ROWS)].copy()

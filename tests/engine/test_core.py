@@ -10,7 +10,7 @@ from edgellm.engine.types import EngineOutput
 from tests.engine.conftest import req
 
 INFO_KEYS = {
-    "model_name", "model_path", "n_slots", "slot_ctx", "n_ctx", "n_threads", "n_vocab", "offload",
+    "model_name", "model_path", "n_slots", "seq_ctx", "n_ctx", "n_threads", "n_vocab", "offload",
     "warmup_ms", "self_test", "media", "pid", "chat_format", "infill", "n_embd", "embed_ctx",
 }  # fmt: skip
 LOAD_KEYS = {"slots_total", "slots_busy", "waiting", "n_threads", "thread_switches"}
@@ -20,7 +20,7 @@ def test_info_and_stats_keep_the_wire_keys_and_pickle(engine):
     core = engine.core
     info = core.info
     assert set(info.as_dict()) == INFO_KEYS
-    assert info.n_ctx == info.n_slots * info.slot_ctx and info.offload["device"] in ("cpu", "gpu")
+    assert info.seq_ctx == min(info.n_ctx, 8192) and info.offload["device"] in ("cpu", "gpu")
     assert info.media == core.scheduler.media_caps()
     stats = core.stats.as_dict()
     assert LOAD_KEYS <= set(stats) and set(core.scheduler.stats.as_dict()) <= set(stats)

@@ -30,7 +30,7 @@ def target(engine):
 
 @pytest.fixture(scope="module")
 def draft(model_path, target):
-    d = DraftModel(model_path, target, n_slots=SLOTS, slot_ctx=SLOT_CTX, n_threads=2, n_gpu_layers=0)
+    d = DraftModel(model_path, target, n_slots=SLOTS, n_ctx=SLOT_CTX, n_threads=2, n_gpu_layers=0)
     yield d
     d.close()
 
@@ -142,15 +142,16 @@ def test_asks_that_get_no_draft(target, draft):
         draft.propose([DraftAsk(SLOTS, context, 1, GREEDY, 0)])
 
 
-def test_drafts_never_pass_the_slots_context(target, draft):
+def test_drafts_never_pass_the_pool(target, draft):
     context = (target.chat_tokens(STORY) * 100)[: SLOT_CTX - 3]
-    draft.forget(0)
+    for seq_id in range(SLOTS):  # the pool's SLOT_CTX cells are all this sequence's to take
+        draft.forget(seq_id)
     got = draft.propose([DraftAsk(0, context, 8, GREEDY, 0)])[0]
     assert len(got) <= 3 and len(draft.cached[0]) < SLOT_CTX
 
 
 def test_forget_and_close_are_idempotent(model_path, target):
-    d = DraftModel(model_path, target, n_slots=1, slot_ctx=256, n_threads=2, n_gpu_layers=0)
+    d = DraftModel(model_path, target, n_slots=1, n_ctx=256, n_threads=2, n_gpu_layers=0)
     assert d.n_params > 0 and d.size_bytes == Path(model_path).stat().st_size
     context = target.chat_tokens(FACTS)
     assert len(d.propose([DraftAsk(0, context, 2, GREEDY, 0)])[0]) == 2
@@ -185,7 +186,7 @@ def swapped_vocabulary_copy(src: str, out_dir: Path, a: int = 1000, b: int = 100
 def test_another_vocabulary_is_refused(model_path, target, tmp_path):
     other = swapped_vocabulary_copy(model_path, tmp_path)
     with pytest.raises(EngineError, match="differ at token 1000") as info:
-        DraftModel(str(other), target, n_slots=1, slot_ctx=256, n_threads=2, n_gpu_layers=0)
+        DraftModel(str(other), target, n_slots=1, n_ctx=256, n_threads=2, n_gpu_layers=0)
     assert str(other) in str(info.value) and model_path in str(info.value)
 
     class Bigger:  # a target whose vocabulary has one token more
@@ -193,12 +194,12 @@ def test_another_vocabulary_is_refused(model_path, target, tmp_path):
         name = "bigger.gguf"
 
     with pytest.raises(EngineError, match="49152 tokens.*bigger.gguf one of 49153"):
-        DraftModel(model_path, Bigger(), n_slots=1, slot_ctx=256, n_threads=2, n_gpu_layers=0)
+        DraftModel(model_path, Bigger(), n_slots=1, n_ctx=256, n_threads=2, n_gpu_layers=0)
 
 
 def test_a_missing_file_is_refused(target, tmp_path):
     with pytest.raises(EngineError, match="draft model file not found"):
-        DraftModel(str(tmp_path / "none.gguf"), target, n_slots=1, slot_ctx=256, n_threads=2, n_gpu_layers=0)
+        DraftModel(str(tmp_path / "none.gguf"), target, n_slots=1, n_ctx=256, n_threads=2, n_gpu_layers=0)
 
 
 def test_the_engine_generation_finished_normally(engine, target):

@@ -1,5 +1,5 @@
 """Start-time GPU memory: the memory plan counts the CUDA runtime and the projector, and a GPU context
-that cannot be made shrinks the shape (fewer slots, then less context per slot) before the model falls
+that cannot be made shrinks the KV pool (halved, the slots kept) before the model falls
 back to the CPU; a projector whose GPU init fails runs on the CPU.
 
 This machine has no GPU (a CPU build of llama.cpp: llama_supports_gpu_offload() is False), so a GPU
@@ -128,11 +128,11 @@ def test_settings_plan_the_projector_and_the_cuda_runtime_only_when_offloading(v
 
 
 # -- the ladder --------------------------------------------------------------------------------
-def test_shrink_ladder_halves_slots_then_context():
-    assert shrink_ladder(4, 2048) == [(2, 2048), (1, 2048), (1, 1024), (1, 512)]
-    assert shrink_ladder(3, 1000) == [(1, 1000), (1, 512)]  # 500 rounds to 256 cells: the 512 floor
-    assert shrink_ladder(1, 256) == []  # never grown to the floor
-    assert shrink_ladder(8, 4096, min_slot_ctx=2048) == [(4, 4096), (2, 4096), (1, 4096), (1, 2048)]
+def test_shrink_ladder_halves_the_pool():
+    assert shrink_ladder(8192) == [4096, 2048, 1024]
+    assert shrink_ladder(3000) == [1280, 1024]  # on 256-cell steps, down to the 1024 floor
+    assert shrink_ladder(1000) == [] and shrink_ladder(256) == []  # never grown to the floor
+    assert shrink_ladder(8192, min_cells=2048) == [4096, 2048]
 
 
 def _core(model_path: str) -> EngineCore:
@@ -141,38 +141,42 @@ def _core(model_path: str) -> EngineCore:
 
 
 @pytest.mark.parametrize(
-    ("max_cells", "shape", "steps"),
-    [(4096, (2, 2048), "4x2048 did not fit"), (1024, (1, 1024), "4x2048, 2x2048, 1x2048 did not fit")],
+    ("max_cells", "pool", "steps"),
+    [
+        (4096, 4096, "a KV pool of 8192 cells did not fit"),
+        (1024, 1024, "a KV pool of 8192, 4096, 2048 cells did not fit"),
+    ],
 )
-def test_a_gpu_context_that_does_not_fit_shrinks_and_serves(model_path, hooks, max_cells, shape, steps):
+def test_a_gpu_context_that_does_not_fit_shrinks_the_pool_and_serves(model_path, hooks, max_cells, pool, steps):
     hooks(gpu_context_max_cells=max_cells)
     core = _core(model_path)
     try:
         info = core.info
-        assert (core.model.n_slots, core.model.slot_ctx) == shape
-        assert (info.n_slots, info.slot_ctx, info.n_ctx) == (*shape, shape[0] * shape[1])
-        assert len(core.scheduler.slots) == shape[0] and core.model.config.n_ctx == shape[0] * shape[1]
+        assert (core.model.n_slots, core.model.n_ctx, core.model.seq_ctx) == (4, pool, pool)
+        assert (info.n_slots, info.n_ctx, info.seq_ctx) == (4, pool, pool)
+        assert len(core.scheduler.slots) == 4 and core.model.config.n_ctx == pool
+        assert core.scheduler.pool.n_cells == pool
         offload = info.offload
         assert offload["device"] == "gpu" and offload["n_gpu_layers"] > 0
         reason = offload["fallback_reason"]
-        assert f"GPU context for {steps}" in reason and f"running {shape[0]}x{shape[1]} on the GPU" in reason
-        assert "pretend GPU holds" in reason  # why the first shape failed
+        assert f"GPU context for {steps}" in reason and f"running a pool of {pool} cells on the GPU" in reason
+        assert "pretend GPU holds" in reason  # why the first pool failed
         out = EngineHarness(core).one(req("ladder", max_tokens=8, temperature=0))
         assert out.finish_reason in ("length", "stop") and out.text
     finally:
         core.close()
 
 
-def test_a_gpu_too_small_for_any_shape_falls_back_to_the_cpu_with_the_configured_shape(model_path, hooks):
-    hooks(gpu_context_max_cells=256)  # below one slot of the 512-token floor
+def test_a_gpu_too_small_for_any_pool_falls_back_to_the_cpu_with_the_configured_pool(model_path, hooks):
+    hooks(gpu_context_max_cells=256)  # below the 1024-cell floor
     core = _core(model_path)
     try:
         info = core.info
-        assert (info.n_slots, info.slot_ctx) == (4, 2048)
+        assert (info.n_slots, info.n_ctx) == (4, 8192)
         assert info.offload["device"] == "cpu" and info.offload["n_gpu_layers"] == 0
         reason = info.offload["fallback_reason"]
-        assert "GPU context creation failed for 4x2048, 2x2048, 1x2048, 1x1024, 1x512" in reason
-        assert reason.endswith("retried on CPU with 4x2048")
+        assert "GPU context creation failed for a KV pool of 8192, 4096, 2048, 1024 cells" in reason
+        assert reason.endswith("retried on CPU with 8192 cells")
         out = EngineHarness(core).one(req("cpu", max_tokens=8, temperature=0))
         assert out.text
     finally:
@@ -184,7 +188,7 @@ def test_no_hook_no_ladder(model_path, hooks):
     core = _core(model_path)
     try:
         info = core.info
-        assert (info.n_slots, info.slot_ctx) == (4, 2048) and info.offload["fallback_reason"] is None
+        assert (info.n_slots, info.n_ctx) == (4, 8192) and info.offload["fallback_reason"] is None
     finally:
         core.close()
 

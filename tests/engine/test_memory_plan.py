@@ -146,18 +146,19 @@ def test_kv_bytes_per_token(smol):
 
 
 def test_kv_cells_follow_llama_cpp_padding():
-    # Numbers printed by llama.cpp 0.3.36 for these n_ctx / n_seq_max pairs (kv_unified off).
-    assert kv_cells(8192, 4) == 8192
-    assert kv_cells(999, 3) == 1536  # 333 a slot -> 999 -> 1024 -> 341 a slot -> 512 a slot
-    assert kv_cells(3000, 4) == 3072
-    assert kv_cells(16384, 1) == 16384
+    # One unified pool (the engine's): llama.cpp pads n_ctx to a multiple of 256, whatever n_seq_max is.
+    assert kv_cells(8192) == 8192
+    assert kv_cells(999) == 1024
+    assert kv_cells(3000) == 3072
+    assert kv_cells(16384) == 16384
 
 
 @pytest.mark.parametrize(
     ("shape_name", "n_ctx", "n_slots", "flash_attn", "measured_mib"),
     [
-        # CPU "compute buffer size" printed by llama.cpp 0.3.36 (llama-cpp-python), n_batch = n_ubatch = 512.
-        ("smol", 8192, 4, True, 102.51),
+        # CPU "compute buffer size" printed by llama.cpp 0.3.36 (llama-cpp-python), n_batch = n_ubatch = 512;
+        # smol measured with the engine's unified pool, qwen (1 slot: the same either way; 4: split streams).
+        ("smol", 8192, 4, True, 98.25),
         ("smol", 8192, 1, False, 166.38),
         ("smol", 16384, 1, False, 326.38),
         ("qwen", 16384, 4, True, 302.75),  # a zero-weight GGUF with Qwen2.5-1.5B's tensor shapes
@@ -193,7 +194,7 @@ def test_auto_n_ctx_is_the_largest_that_fits(smol):
     budget = floor.total_bytes + 3000 * 23040  # room for ~3000 more tokens
     plan = plan_memory(smol, budget_bytes=budget, n_slots=4)
     assert plan.fits and plan.auto_ctx
-    assert plan.n_ctx % 256 == 0 and plan.slot_ctx % 256 == 0
+    assert plan.n_ctx % 256 == 0 and plan.seq_ctx == min(plan.kv_cells, smol.n_ctx_train)
     assert 4 * 512 < plan.n_ctx < 4 * 4096
     assert plan.kv_cells == plan.n_ctx  # no padding by llama.cpp beyond what was planned
     one_more = plan_memory(smol, budget_bytes=budget, n_ctx=plan.n_ctx + 4 * 256, n_slots=4)

@@ -180,7 +180,7 @@ def test_the_fingerprint_covers_what_makes_a_state_file_foreign(model, tmp_path)
     base = ps.fingerprint_parts(model)
     assert base["model"].startswith(f"{os.path.getsize(model.config.path)}-")
     variants = [
-        {"slot_ctx": model.slot_ctx // 2},
+        {"seq_ctx": model.seq_ctx // 2},
         {"kv_cache_type": "q8_0"},
         {"flash_attn": not model.config.flash_attn},
         {"n_gpu_layers": 99, "device": "gpu"},
@@ -198,7 +198,7 @@ def test_the_fingerprint_covers_what_makes_a_state_file_foreign(model, tmp_path)
         f.seek(-10, os.SEEK_END)
         f.write(bytes([byte[0] ^ 1]))
     assert ps.file_identity(str(other)) != ps.file_identity(model.config.path)
-    fake = SimpleNamespace(config=model.config, slot_ctx=model.slot_ctx * 2, offload=model.offload)
+    fake = SimpleNamespace(config=model.config, seq_ctx=model.seq_ctx * 2, offload=model.offload)
     assert model_fingerprint(fake) != model_fingerprint(model)
 
 
@@ -388,7 +388,7 @@ def test_for_model_follows_the_config(model, tmp_path):
     )
     store = PrefixStore.for_model(on)
     assert store is not None and store.max_bytes == MIB and store.fingerprint == model_fingerprint(model)
-    assert json.load(open(os.path.join(store.root, "fingerprint.json")))["slot_ctx"] == model.slot_ctx
+    assert json.load(open(os.path.join(store.root, "fingerprint.json")))["seq_ctx"] == model.seq_ctx
     on.partial_trim = False
     assert PrefixStore.for_model(on) is None
 

@@ -73,7 +73,7 @@ def test_auto_context_fits_the_budget_and_a_model_that_does_not_fit_is_refused()
     assert model.n_ctx % 256 == 0 and plan["auto_ctx"]
     with pytest.raises(SettingsError, match=r"does not fit the memory budget: the model's weights \(94 MiB\)"):
         load_settings(None, memory_budget="100MiB").model()
-    with pytest.raises(SettingsError, match=r"n_ctx=65536 over 8 slot\(s\) needs"):
+    with pytest.raises(SettingsError, match=r"a KV pool of n_ctx=65536 cells needs"):
         load_settings(None, n_ctx=65536, memory_budget="900MiB").model()
     with pytest.raises(SettingsError, match="memory_budget"):
         load_settings(None, memory_budget="lots")
@@ -88,7 +88,7 @@ def test_the_node_runs_with_the_planned_context_and_shows_the_plan(tmp_path):
         node.stop()
     plan, info = status["memory_plan"], status["engine_info"]
     assert plan["fits"] and plan["budget_bytes"] == 1024 * MIB
-    assert info["n_slots"] == plan["n_slots"] and info["slot_ctx"] == plan["slot_ctx"]
+    assert info["n_slots"] == plan["n_slots"] and info["seq_ctx"] == plan["seq_ctx"]
     assert plan["weights_bytes"] == os.path.getsize(bundled_model_path())
 
 

@@ -92,18 +92,19 @@ def test_failed_gpu_load_or_context_falls_back_to_cpu_and_health_says_so(tmp_pat
         node.stop()
 
 
-def test_a_gpu_context_that_does_not_fit_shrinks_the_slots_before_falling_back_to_the_cpu(tmp_path):
+def test_a_gpu_context_that_does_not_fit_shrinks_the_pool_before_falling_back_to_the_cpu(tmp_path):
     # The pretend GPU (test hook, carried to the worker like the ones above: no GPU here) holds 4096 KV
-    # cells: 4 slots x 2048 do not fit, 2 x 2048 do; the node serves with 2 slots, layers on the "GPU".
+    # cells: a pool of 8192 does not fit, 4096 does; the node serves its 4 slots from it, layers on the "GPU".
     env = {"EDGELLM_FORCE_GPU_CONTEXT_MAX_CELLS": "4096"}
     node = NodeProcess(tmp_path, "--n-gpu-layers", "99", "--n-ctx", "8192", "--n-slots", "4", env=env).start()
     try:
         with node.client() as c:
             offload = c.get("/health").json()["result"]["offload"]
             assert offload["n_gpu_layers"] > 0, offload
-            assert "4x2048 did not fit" in offload["fallback_reason"] and "running 2x2048" in offload["fallback_reason"]
+            reason = offload["fallback_reason"]
+            assert "pool of 8192 cells did not fit" in reason and "running a pool of 4096 cells" in reason, reason
             info = c.get("/status").json()["result"]["engine_info"]
-            assert (info["n_slots"], info["slot_ctx"]) == (2, 2048), info
+            assert (info["n_slots"], info["n_ctx"], info["seq_ctx"]) == (4, 4096, 4096), info
             assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
     finally:
         node.stop()

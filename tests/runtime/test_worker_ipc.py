@@ -17,7 +17,7 @@ from edgellm.runtime import ipc
 
 def _info() -> EngineInfo:
     return EngineInfo(
-        model_name="m.gguf", model_path="/m.gguf", n_slots=2, slot_ctx=512, n_ctx=1024, n_threads=2,
+        model_name="m.gguf", model_path="/m.gguf", n_slots=2, seq_ctx=1024, n_ctx=1024, n_threads=2,
         n_vocab=100, offload={"gpu_supported": False, "n_gpu_layers": 0, "n_layers": 4,
                               "fallback_reason": None, "device": "cpu"},
         warmup_ms=1.5, self_test={"sequences": 2}, media={"vision": False, "audio": False, "error": None}, pid=1,

@@ -1,0 +1,150 @@
+"""One unified KV pool: a request may use the model's whole context, shared prefixes are stored once, and
+a full pool preempts (the paused request resumes later and its output is what it would have been).
+
+The accounting (engine/kv_pool.py) is checked on its own; everything else on the real engine and the
+bundled model (SmolLM2-135M, trained for 8192 tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from edgellm.engine.core import EngineCore
+from edgellm.engine.kv_pool import KvPool
+from edgellm.engine.model import ModelConfig
+from edgellm.engine.types import FinishReason, GuideKind, GuideSpec
+from edgellm.errors import ContextLengthExceeded
+from tests.engine.conftest import EXACT_BATCH, EngineHarness, req, step_when_prepared
+
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+
+
+def text_of(n_words: int, salt: int = 0) -> str:
+    return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(n_words))
+
+
+# -- the accounting --------------------------------------------------------------------------------
+def test_pool_counts_shared_cells_once_and_frees_them_with_their_last_holder():
+    pool = KvPool(100, 3)
+    pool.grow(0, 40)
+    pool.share(0, 1, 30)  # seq 1 holds seq 0's first 30 cells too
+    pool.grow(1, 5)
+    assert (pool.used, pool.free, pool.usage().shared, pool.usage().held) == (45, 55, 30, 75)
+    assert pool.only_held_by(0) == 10 and pool.only_held_by(1) == 5
+    pool.truncate(0, 0)  # the shared 30 stay with seq 1
+    assert pool.used == 35 and pool.usage().shared == 0
+    pool.truncate(1, 10)
+    assert pool.used == 10
+    pool.share(1, 2, 50)  # never more than the source holds
+    assert pool.held(2) == 10 and pool.used == 10
+    pool.truncate(1, 0)
+    pool.truncate(2, 0)
+    assert pool.used == 0 and pool.free == 100
+
+
+# -- one request, the whole context ----------------------------------------------------------------
+def test_a_3000_token_prompt_answers_on_the_default_8192_cell_node(engine):
+    prompt = "Summarise this list in one word: " + text_of(2900)
+    out = engine.one(req("long", prompt, temperature=0.0, max_tokens=8))
+    assert out.error is None, out.error
+    assert out.prompt_tokens > 3000 and out.completion_tokens > 0
+    assert engine.core.info.n_ctx == 8192 and engine.core.info.seq_ctx == 8192
+
+
+def test_a_prompt_over_the_model_context_is_refused_with_the_real_limit(engine):
+    prompt = text_of(8500)
+    out = engine.one(req("too-long", prompt, max_tokens=4))
+    assert out.error is not None and out.error_type is not None
+    assert "a request may hold at most 8191" in out.error and "8192 cells" in out.error, out.error
+    assert out.error_type.value == ContextLengthExceeded.error_type.value
+
+
+# -- shared prefixes ------------------------------------------------------------------------------
+def test_eight_clients_with_one_900_token_system_prompt_store_it_once(engine):
+    s = engine.scheduler
+    system = "You are a terse assistant. Rules: " + text_of(880, salt=3)
+    requests = [req(f"sys{i}", f"Question {i}: name a colour.", temperature=0.0, max_tokens=24) for i in range(8)]
+    for r in requests:
+        r.messages.insert(0, {"role": "system", "content": system})
+    # The first one alone, so that its prompt is in the pool before the others arrive (as a system
+    # prompt is, once the first client has asked)
+    assert s.add_request(requests[0]) is None
+    while not any(sl.state.name == "DECODE" for sl in s.slots):
+        step_when_prepared(s)
+    for r in requests[1:]:
+        assert s.add_request(r) is None
+    peak_shared, peak_held, used_at_peak = 0, 0, 0
+    finished = {}
+    while s.has_work():
+        for o in step_when_prepared(s):
+            if o.finished:
+                finished[o.request_id] = o
+        load = s.load()
+        if load["kv_shared"] > peak_shared:
+            peak_shared, used_at_peak = load["kv_shared"], load["kv_used"]
+            peak_held = s.pool.usage().held
+    assert len(finished) == 8 and all(o.error is None for o in finished.values())
+    assert peak_shared >= 880  # the system prompt's cells, held by several sequences at once
+    # Stored once: the pool uses far less than the eight sequences hold between them.
+    assert used_at_peak < 0.5 * peak_held, (used_at_peak, peak_held)
+    assert sum(o.cached_tokens for o in finished.values()) >= 7 * 880
+
+
+# -- preemption -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_pool(model_path):
+    """A pool of 512 cells for 4 slots: four requests of ~60 prompt and 120 generated tokens need ~720."""
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=512, n_slots=4, n_batch=EXACT_BATCH), max_waiting=16)
+    yield EngineHarness(core)
+    core.close()
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+    "required": ["name", "age", "city"],
+}
+
+
+def burst() -> list:
+    out = []
+    for i in range(4):
+        prompt = f"Story {i}: " + text_of(40, salt=i) + ". Tell me a long story about it."
+        if i == 3:
+            guide = GuideSpec(GuideKind.JSON_SCHEMA, PERSON)
+            out.append(
+                req(
+                    f"b{i}", "Describe a person as JSON. " + text_of(30, salt=i), guide, temperature=0.0, max_tokens=120
+                )
+            )
+            continue
+        sampling = {"temperature": 0.0} if i % 2 == 0 else {"temperature": 0.8, "seed": 1234 + i}
+        out.append(req(f"b{i}", prompt, max_tokens=120, logit_bias={2: -100}, **sampling))
+    return out
+
+
+def test_a_full_pool_preempts_and_every_output_equals_its_run_alone(small_pool):
+    before = small_pool.scheduler.stats.preemptions
+    together = small_pool.run(burst())
+    assert small_pool.scheduler.stats.preemptions > before, "the burst should not fit without preempting"
+    assert small_pool.scheduler.stats.refed_tokens > 0
+    assert not small_pool.scheduler.paused and small_pool.scheduler.pool.used <= 512
+    for r in burst():
+        alone = small_pool.one(r)
+        got = together[r.request_id]
+        assert got.error is None, got.error
+        assert got.text == alone.text, f"{r.request_id} differs after preemption"
+        assert got.completion_tokens == alone.completion_tokens
+    person = json.loads(together["b3"].text)
+    assert set(person) == {"name", "age", "city"}
+
+
+def test_a_request_reaching_the_end_of_the_pool_stops_with_length(small_pool):
+    out = small_pool.one(req("end", text_of(300), temperature=0.0, max_tokens=1000, logit_bias={2: -100}))
+    assert out.error is None, out.error
+    assert out.finish_reason is FinishReason.LENGTH
+    assert out.prompt_tokens + out.completion_tokens <= 512
