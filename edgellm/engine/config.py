@@ -9,8 +9,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ModelConfig:
     path: str
-    n_ctx: int = 8192  # total KV cells, split evenly across slots
-    n_slots: int = 8
+    n_ctx: int = 8192  # cells of the KV cache
+    n_slots: int = 8  # sequences decoding at once
+    # True: one KV pool every sequence draws from (any request up to the whole of it, shared prefixes stored
+    # once, preemption when it is full). False: each slot owns n_ctx / n_slots cells, and a request's output
+    # never depends on what it is batched beside (llama.cpp's CPU attention kernels differ with a batch's
+    # shape and where a sequence's cells sit in a shared pool).
+    kv_unified: bool = True
     n_batch: int = 512
     n_threads: int = 0  # 0 = all free cores
     n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0

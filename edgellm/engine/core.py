@@ -122,6 +122,7 @@ class EngineCore:
             n_threads=model.n_threads,
             n_gpu_layers=self.config.n_gpu_layers,
             n_batch=model.n_batch,
+            unified=model.unified,
         )
         if not draft.partial_trim:  # every call would decode the whole context again: never worth it
             draft.close()

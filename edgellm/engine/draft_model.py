@@ -1,8 +1,8 @@
 """Draft-model speculation: a small GGUF with the target's vocabulary proposes each generating slot's
 next tokens, in a llama.cpp context of its own.
 
-The draft context mirrors the target's layout: one unified KV pool of as many cells (n_seq_max = n_slots),
-sequence id = the slot's. For each sequence it remembers which tokens its KV
+The draft context mirrors the target's layout: as many KV cells, in one unified pool or one stream a slot
+as the target's (n_seq_max = n_slots), sequence id = the slot's. For each sequence it remembers which tokens its KV
 holds, so a call only feeds what the slot added since the last one (the tokens the target accepted and
 sampled): the KV is cut back to the longest common prefix of those tokens and the slot's context, the
 rest of the context is fed (a new prompt: in chunks of n_batch, all sequences together), then k steps of
@@ -88,6 +88,7 @@ class DraftModel(Vocabulary):
         n_threads: int,
         n_gpu_layers: int,
         n_batch: int = 512,
+        unified: bool = True,
     ):
         if not os.path.isfile(path):
             raise EngineError(f"draft model file not found: {path}")
@@ -97,7 +98,9 @@ class DraftModel(Vocabulary):
         self.path = path
         self.name = os.path.basename(path)
         self.n_slots = n_slots
-        self.n_ctx = n_ctx  # cells of its pool, as many as the target's; also the most one sequence holds
+        self.n_ctx = n_ctx  # cells of its KV cache, as many as the target's
+        self.unified = unified  # one pool, as the target's (or one stream a slot)
+        self.seq_ctx = n_ctx if unified else n_ctx // n_slots  # the most one sequence holds
         self.n_batch = n_batch
         self.n_threads = max(1, n_threads)
         self.ctx = None
@@ -153,7 +156,12 @@ class DraftModel(Vocabulary):
         # One unified pool, as in the target; a full pool fails a proposal, which the engine goes without.
         try:
             return pool_context(
-                self.model, n_cells=self.n_ctx, n_seqs=self.n_slots, n_batch=self.n_batch, n_threads=self.n_threads
+                self.model,
+                n_cells=self.n_ctx,
+                n_seqs=self.n_slots,
+                n_batch=self.n_batch,
+                n_threads=self.n_threads,
+                unified=self.unified,
             )
         except EngineError as exc:
             raise EngineError(f"draft model {self.path}: {exc.message}") from None
@@ -182,7 +190,7 @@ class DraftModel(Vocabulary):
             seen.add(ask.seq_id)
             ctx = ask.context
             # The draft KV holds the context and k - 1 draft tokens (the last one is never fed).
-            if ask.k <= 0 or not ctx or len(ctx) >= self.n_ctx or any(t < 0 or t >= self.n_vocab for t in ctx):
+            if ask.k <= 0 or not ctx or len(ctx) >= self.seq_ctx or any(t < 0 or t >= self.n_vocab for t in ctx):
                 continue
             live.append(i)
         if not live:
@@ -190,7 +198,7 @@ class DraftModel(Vocabulary):
         try:
             rows = self._catch_up({i: asks[i] for i in live})
             t_steps, decodes_steps = time.perf_counter(), self.stats.decodes
-            k = {i: min(asks[i].k, self.n_ctx - len(asks[i].context)) for i in live}
+            k = {i: min(asks[i].k, self.seq_ctx - len(asks[i].context)) for i in live}
             params = {i: dataclasses.replace(asks[i].params, num_logprobs=0) for i in live}
             drafting = list(live)
             for j in range(max(k.values())):

@@ -45,10 +45,11 @@ class KvPool:
     def held(self, seq: int) -> int:
         return len(self._seqs[seq])
 
-    def only_held_by(self, seq: int) -> int:
-        """Cells that would be freed if `seq` let go of all of its own: those no other sequence holds."""
+    def only_held_by(self, seq: int, start: int = 0) -> int:
+        """Of `seq`'s cells from its `start`-th on, those no other sequence holds: what letting go of them
+        frees."""
         refs = self._refs
-        return sum(1 for c in self._seqs[seq] if refs[c] == 1)
+        return sum(1 for c in self._seqs[seq][start:] if refs[c] == 1)
 
     def grow(self, seq: int, n: int) -> None:
         """`seq` filled n new cells (a decode of n of its tokens, a media chunk's embeddings)."""

@@ -31,7 +31,8 @@ GIB = 1024**3
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 
 # llama.cpp rounds the context up to a multiple of 256 cells; the engine's one unified KV pool
-# (engine/model.py: kv_unified) is a single stream of that many cells.
+# (engine/model.py: kv_unified) is a single stream of that many cells. With kv_unified off, each slot is a
+# stream of its own, and llama.cpp rounds each one's share up to 256 cells as well.
 CELL_ALIGN = 256
 
 # An edge board serves a few clients at once. With a unified pool more slots cost no KV, only batch width;
@@ -77,13 +78,23 @@ def kv_bytes_per_token(shape: ModelShape, kv_type: str = "f16") -> float:
     return elements * KV_BYTES_PER_ELEMENT[kv_type]
 
 
-def kv_cells(n_ctx: int) -> int:
-    """KV cells llama.cpp allocates for a pool of n_ctx: padded up to a multiple of 256 (1000 -> 1024)."""
-    return _round_up(max(1, n_ctx), CELL_ALIGN)
+def kv_cells(n_ctx: int, streams: int = 1) -> int:
+    """KV cells llama.cpp allocates for n_ctx: one pool padded to a multiple of 256 (1000 -> 1024); over
+    `streams` KV streams (kv_unified off: one a slot), the total padded, then each stream's share (1000 over
+    3 streams: 1536)."""
+    per_stream = max(1, n_ctx // streams)
+    total = _round_up(per_stream * streams, CELL_ALIGN)
+    return _round_up(total // streams, CELL_ALIGN) * streams
 
 
 def compute_bytes(
-    shape: ModelShape, n_batch: int, n_slots: int, n_ctx: int | None = None, *, flash_attn: bool = True
+    shape: ModelShape,
+    n_batch: int,
+    n_slots: int,
+    n_ctx: int | None = None,
+    *,
+    flash_attn: bool = True,
+    unified: bool = True,
 ) -> int:
     """Estimate of llama.cpp's compute buffers plus its logits output buffer, with a safety margin.
 
@@ -102,13 +113,15 @@ def compute_bytes(
     grows to the largest batch's outputs). The engine asks for at most 1 + 16 drafted rows per slot, so
     n_batch rows also covers the engine's own copy of those rows.
 
-    n_ctx: the pool's cells; None = n_slots requests of min(n_ctx_train, 4096) each.
+    n_ctx: the cache's cells; None = n_slots requests of min(n_ctx_train, 4096) each. unified: one pool (a
+    token's mask spans all of it) or one stream a slot (the slot's share).
     """
     if n_batch < 1 or n_slots < 1:
         raise ValueError("n_batch and n_slots must be >= 1")
     if n_ctx is None:
         n_ctx = n_slots * min(shape.n_ctx_train, 4096)
-    cells = kv_cells(n_ctx)
+    streams = 1 if unified else n_slots
+    cells = kv_cells(n_ctx, streams) // streams
     n_tokens = min(n_batch, cells)  # llama.cpp caps the batch at the context for causal models
     n_ff = shape.n_ff or 8 * shape.n_embd
     output_phase = shape.n_vocab + 6 * shape.n_embd
@@ -148,6 +161,7 @@ class MemoryPlan:
     cuda_bytes: int = 0
     projector_bytes: int = 0
     n_ctx_train: int = 0  # the model's trained context (0: unknown): no request holds more
+    kv_unified: bool = True  # one pool (False: each slot owns kv_cells / n_slots)
 
     @property
     def total_bytes(self) -> int:
@@ -182,8 +196,10 @@ class MemoryPlan:
 
     @property
     def seq_ctx(self) -> int:
-        """The most tokens one request may hold: the whole pool, capped at the model's trained context."""
-        return min(self.kv_cells, self.n_ctx_train) if self.n_ctx_train > 0 else self.kv_cells
+        """The most tokens one request may hold: the whole pool (a slot's share without kv_unified), capped
+        at the model's trained context."""
+        cells = self.kv_cells if self.kv_unified else self.kv_cells // self.n_slots
+        return min(cells, self.n_ctx_train) if self.n_ctx_train > 0 else cells
 
     def refusal(self) -> str | None:
         """None when the plan fits; else why not and what to change, for the node to refuse to start with."""
@@ -254,6 +270,7 @@ class MemoryPlan:
             n_ctx=self.n_ctx,
             n_slots=self.n_slots,
             seq_ctx=self.seq_ctx,
+            kv_unified=self.kv_unified,
             kv_cells=self.kv_cells,
             kv_type=self.kv_type,
             n_batch=self.n_batch,
@@ -277,13 +294,13 @@ def embedding_bytes(shape: ModelShape, embedding_ctx: int, dedicated: ModelShape
     return weights + kv + compute_bytes(model, embedding_ctx, 1, cells, flash_attn=False)
 
 
-def draft_bytes(draft: ModelShape, n_ctx: int, n_slots: int, n_batch: int) -> tuple[int, int]:
+def draft_bytes(draft: ModelShape, n_ctx: int, n_slots: int, n_batch: int, unified: bool = True) -> tuple[int, int]:
     """What a draft model costs: (its weights and compute buffers, its KV cache). Its context mirrors the
     target's (a unified f16 pool of n_ctx cells for n_slots sequences, n_batch tokens a batch, flash
-    attention auto)."""
-    cells = kv_cells(n_ctx)
+    attention auto; one stream a slot without kv_unified)."""
+    cells = kv_cells(n_ctx, 1 if unified else n_slots)
     kv = math.ceil(cells * kv_bytes_per_token(draft, "f16"))
-    return draft.file_bytes + compute_bytes(draft, n_batch, n_slots, n_ctx), kv
+    return draft.file_bytes + compute_bytes(draft, n_batch, n_slots, n_ctx, unified=unified), kv
 
 
 def cuda_device_present(markers: tuple[str, ...] = _CUDA_DEVICE_MARKERS) -> bool:
@@ -349,6 +366,7 @@ def plan_memory(
     max_slot_ctx: int = 4096,
     min_slot_ctx: int = 512,
     flash_attn: bool = True,
+    kv_unified: bool = True,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     embedding_ctx: int = 0,
     embedding_model: ModelShape | None = None,
@@ -382,12 +400,14 @@ def plan_memory(
     embedding = embedding_bytes(shape, embedding_ctx, embedding_model)
 
     def make(slots: int, ctx: int, auto_ctx: bool) -> MemoryPlan:
-        cells = kv_cells(ctx)
-        draft, draft_kv = draft_bytes(draft_model, ctx, slots, n_batch) if draft_model is not None else (0, 0)
+        cells = kv_cells(ctx, 1 if kv_unified else slots)
+        draft, draft_kv = (
+            draft_bytes(draft_model, ctx, slots, n_batch, kv_unified) if draft_model is not None else (0, 0)
+        )
         return MemoryPlan(
             weights_bytes=shape.file_bytes,
             kv_bytes=math.ceil(cells * kv_bytes_per_token(shape, kv_type)),
-            compute_bytes=compute_bytes(shape, n_batch, slots, ctx, flash_attn=flash_attn),
+            compute_bytes=compute_bytes(shape, n_batch, slots, ctx, flash_attn=flash_attn, unified=kv_unified),
             overhead_bytes=overhead_bytes,
             budget_bytes=budget_bytes,
             n_ctx=ctx,
@@ -403,6 +423,7 @@ def plan_memory(
             cuda_bytes=cuda_bytes,
             projector_bytes=projector_bytes,
             n_ctx_train=shape.n_ctx_train,
+            kv_unified=kv_unified,
         )
 
     slot_cap = max(CELL_ALIGN, _round_down(min(shape.n_ctx_train, max_slot_ctx), CELL_ALIGN))
@@ -508,6 +529,7 @@ def format_plan(plan: MemoryPlan, shape: ModelShape | None = None) -> str:
     lines.append(
         f"context: a KV pool of {plan.kv_cells} cells (n_ctx {plan.n_ctx}{' auto' if plan.auto_ctx else ''}) "
         f"for {plan.n_slots} slot(s); one request up to {plan.seq_ctx} tokens"
+        + ("" if plan.kv_unified else " (kv_unified off: each slot owns its share)")
     )
     lines += [f"  {name:<38} {n / MIB:>10.1f} MiB" for name, n in rows]
     lines.append(f"fits: {'yes' if plan.fits else 'NO'}")

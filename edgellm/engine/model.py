@@ -131,9 +131,11 @@ def pool_context(
     n_threads: int,
     flash_attn: bool = True,
     kv_cache_type: str = "f16",
+    unified: bool = True,
 ) -> ctypes.c_void_p:
     """A context of n_seqs sequences over one unified KV pool of n_cells cells (kv_unified: any sequence
-    may take any free cell, and a prefix copied between sequences is shared, not duplicated)."""
+    may take any free cell, and a prefix copied between sequences is shared, not duplicated); with
+    unified False, each sequence owns n_cells / n_seqs of them (a KV stream of its own)."""
     cp = L.llama_context_default_params()
     cp.n_ctx = n_cells
     cp.n_batch = n_batch
@@ -141,7 +143,7 @@ def pool_context(
     cp.n_seq_max = n_seqs
     cp.n_threads = n_threads
     cp.n_threads_batch = n_threads
-    cp.kv_unified = True
+    cp.kv_unified = unified
     if hasattr(cp, "flash_attn_type"):
         cp.flash_attn_type = -1 if flash_attn else 0  # -1 = auto
     if kv_cache_type != "f16":
@@ -306,16 +308,19 @@ class LlamaModel(Vocabulary):
         self._init_vocab()
         self.n_embd = int(L.llama_model_n_embd(self.model))
         self.n_threads = config.n_threads or default_threads()
-        self.n_slots = config.n_slots  # sequences decoding at once (the batch width), not a split of the KV
-        if config.n_ctx < 64:
-            raise EngineError(f"n_ctx={config.n_ctx}: the KV pool needs >= 64 cells")
+        self.n_slots = config.n_slots  # sequences decoding at once (the batch width)
+        self.unified = config.kv_unified  # one KV pool (True) or n_ctx / n_slots cells owned by each slot
+        streams = 1 if self.unified else config.n_slots
+        if config.n_ctx // streams < 64:
+            raise EngineError(f"n_ctx={config.n_ctx} leaves {config.n_ctx // streams} cells a sequence; need >= 64")
         self.n_ctx = config.n_ctx  # cells in the KV pool (the GPU ladder may make it smaller)
         self.ctx = self._context_on_gpu_or_cpu(config, hooks)
         self.n_ctx = int(L.llama_n_ctx(self.ctx))  # llama.cpp pads the pool to whole 256-cell steps
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model)) or self.n_ctx
-        # The most cells one request may hold: the whole pool, but never past the context the model was
-        # trained for (positions beyond it are noise, and llama.cpp only warns).
-        self.seq_ctx = min(self.n_ctx, self.n_ctx_train)
+        # The most cells one request may hold: the whole pool (its slot's share when each slot owns its
+        # cells), but never past the context the model was trained for (positions beyond it are noise, and
+        # llama.cpp only warns).
+        self.seq_ctx = min(self.n_ctx // streams, self.n_ctx_train)
         if self.n_ctx != config.n_ctx:
             # The GPU held a smaller pool (or llama.cpp padded it): whatever reads the config from here on
             # (the scheduler's limits, its messages) sees the pool actually made.
@@ -383,7 +388,7 @@ class LlamaModel(Vocabulary):
             if hooks.gpu_context_failure:
                 raise EngineError("GPU context failure forced by EDGELLM_FORCE_GPU_CONTEXT_FAILURE (test hook)")
             cap = hooks.gpu_context_max_cells
-            cells = kv_cells(n_cells)
+            cells = kv_cells(n_cells, 1 if self.unified else self.n_slots)
             if cap is not None and cells > cap:
                 raise EngineError(
                     f"{cells} KV cells over the {cap} the pretend GPU holds (gpu_context_max_cells test hook)"
@@ -405,6 +410,7 @@ class LlamaModel(Vocabulary):
             n_threads=self.n_threads,
             flash_attn=config.flash_attn,
             kv_cache_type=config.kv_cache_type,
+            unified=self.unified,
         )
 
     def _chat_formatter(self) -> Jinja2ChatFormatter:
@@ -599,8 +605,13 @@ class LlamaModel(Vocabulary):
         L.llama_memory_seq_rm(self.memory, dst, -1, -1)
         if not self.partial_trim or keep <= 0:
             return False
-        L.llama_memory_seq_cp(self.memory, src, dst, 0, keep)
-        return True
+        if self.unified:
+            L.llama_memory_seq_cp(self.memory, src, dst, 0, keep)
+            return True
+        # Each slot its own KV stream: llama.cpp copies between streams only whole (queued for the start of
+        # the next llama_decode), then the positions >= keep are dropped from `dst`.
+        L.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+        return self.trim_sequence(dst, keep)
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes (generation and prompt batches alike)."""

@@ -83,6 +83,9 @@ class Entry:
     size: int  # bytes of the file
     crc32: int  # of the file's bytes
     last_used: float  # time.time() of the last save or restore
+    # Set in the index while llama.cpp loads the file: a file whose load never returned (llama.cpp aborts
+    # the process on some malformed files instead of refusing them) is dropped at the next start.
+    loading: bool = False
 
 
 def token_digest(tokens: Sequence[int]) -> str:
@@ -291,7 +294,10 @@ class PrefixStore:
             if why is None and (n > len(prompt) or n > model.seq_ctx):
                 why = f"{n} tokens do not fit the prompt or the slot"
             if why is None:
+                entry.loading = True
+                self._save_index()
                 tokens = model.load_sequence(seq_id, path, n)
+                entry.loading = False
                 if tokens is None:
                     why = "llama.cpp refused the state file"
                 elif len(tokens) != n or tokens != list(prompt[:n]):
@@ -467,6 +473,9 @@ class PrefixStore:
                 )
             except (KeyError, TypeError, ValueError):
                 continue
+            if item.get("loading"):
+                log.warning("prefix cache: dropping %s: the engine died while loading it", e.key[:16])
+                continue  # its file goes with the other files without an entry, below
             if re.fullmatch(r"[0-9a-f]{64}", e.key) and e.n_tokens > 0:
                 try:
                     if os.path.getsize(self.path_of(e)) == e.size:

@@ -9,9 +9,11 @@ The slots (n_slots, the batch width) draw from one unified KV pool (engine/kv_po
 each sequence holds). A request is admitted when its prompt, after what it can share, fits in the free
 cells; it grows a cell per token. Cached prefixes of idle slots are evicted first when cells run short;
 then the most recently admitted running request is preempted (vLLM v1's recompute preemption): its cells
-are freed, its state kept, and it resumes later by prefilling its prompt and the tokens it had generated,
-so its output goes on exactly as it would have. A running sequence's prompt prefix is shared with a new
-request that starts the same way (llama_memory_seq_cp: the cells gain a sequence, nothing is copied).
+are freed, its state kept (tokens, seed stream, grammar, stop matching), and it resumes before any new
+request by prefilling its prompt and the tokens it had generated, then goes on from its pending tokens.
+A running sequence's prompt prefix is shared with a new request that starts the same way
+(llama_memory_seq_cp: the cells gain a sequence, nothing is copied). With kv_unified off each slot owns
+n_ctx / n_slots cells and none of this applies: a request waits for a free slot, limited to its share.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ class Scheduler:
         self._admit(outputs)
         self._propose_drafts()
         self._make_room()
-        plan = schedule(self.slots, self.model.n_batch, self.pool.free)
+        plan = schedule(self.slots, self.model.n_batch, self.pool.free if self.model.unified else None)
         if plan.empty:
             self._energy_mark = None  # idle: what the board draws until the next step is no request's
             return outputs
@@ -313,7 +315,7 @@ class Scheduler:
             if slot.seq_id not in failed:
                 slot.n_prefilled += n
                 slot.n_past += n
-                if slot.refeed:
+                if slot.resuming:
                     self.stats.refed_tokens += n
                 else:
                     self.stats.prompt_tokens += n
@@ -321,8 +323,8 @@ class Scheduler:
                 if slot.prompt_end is None and slot.n_prefilled >= len(slot.prompt):
                     # other samples of its request may copy the prompt's KV now
                     slot.prompt_end = slot.n_past - (slot.n_prefilled - len(slot.prompt))
-                if slot.refeed and slot.n_prefilled == len(slot.prompt) + len(slot.refeed):
-                    slot.refeed = []  # resumed: its KV is what it was when it was paused
+                if slot.resuming and slot.n_prefilled == len(slot.prompt) + len(slot.refeed):
+                    slot.refeed, slot.resuming = [], False  # its KV is what it was when it was paused
                     slot.state = SlotState.DECODE
         for slot in plan.decoding:
             if slot.seq_id not in failed:
@@ -679,10 +681,12 @@ class Scheduler:
         adapter = self._adapter
         shared, slot = max(
             ((s.common_prefix(tokens) if lookup and s.cached_adapter == adapter else 0, s) for s in idle),
-            key=lambda pair: pair[0],
+            key=lambda pair: (pair[0], -len(pair[1].cached)),  # a tie: keep the more valuable caches
         )
         source = None
-        if lookup and self.model.partial_trim:  # recurrent/SWA memory cannot hold part of another sequence
+        # Only within one pool (streams copy whole) and where the memory can hold part of another sequence
+        # (not recurrent/SWA).
+        if lookup and self.model.partial_trim and self.model.unified:
             for running in self.slots:
                 if running.state is SlotState.IDLE or running.cached_adapter != adapter:
                     continue
@@ -695,8 +699,12 @@ class Scheduler:
 
     def _cells_free_for(self, need: int, keep: Slot) -> bool:
         """Whether `need` more cells fit: in the free ones, plus what evicting idle caches (not `keep`'s)
-        would free, less a reserve for the running slots' next tokens (GROWTH_RESERVE each)."""
+        would free, less what prefilling slots still take and a reserve for the running slots' next tokens
+        (GROWTH_RESERVE each). Always, when each slot owns its cells."""
+        if not self.model.unified:
+            return True
         running = sum(1 for s in self.slots if s.state is not SlotState.IDLE)
+        need += sum(len(s.feed) - s.n_prefilled for s in self.slots if s.state is SlotState.PREFILL)
         evictable = sum(
             self.pool.only_held_by(s.seq_id) for s in self.slots if s.state is SlotState.IDLE and s is not keep
         )
@@ -733,41 +741,42 @@ class Scheduler:
         the pool. (tokens it holds, the slot); (0, None) when the rest does not fit yet (nothing changed)."""
         adapter = self._adapter
         shared, slot, source = self._best_prefix(tokens, idle, lookup)
+        # A prefix saved on disk (engine/prefix_store.py) that covers more is restored into that slot;
+        # never under a LoRA adapter (the files hold the base model's KV).
+        store = self.prefix_store if lookup and adapter is None else None
+        entry = store.better_than(shared, tokens) if store is not None else None
         reused = min(shared, len(tokens) - 1)
         # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
         reused = next((m.start for m in media if m.start < reused < m.end), reused)
-        extra = sum(m.n_tokens - m.n_pos for m in media if m.end > reused)
-        need = len(tokens) - reused + extra
-        if not self._cells_free_for(need, slot):
+        # New cells (prompt entries are cells, a media chunk's stand-ins included); a restored file's are
+        # all new. What the slot holds past what it keeps goes back to the pool.
+        if entry is not None or source is not None:
+            need, frees = (
+                len(tokens) if entry is not None else len(tokens) - reused,
+                self.pool.only_held_by(slot.seq_id),
+            )
+        else:
+            need, frees = len(tokens) - reused, self.pool.only_held_by(slot.seq_id, start=reused)
+        if not self._cells_free_for(need - frees, slot):
             return 0, None
-        self._evict_idle(need - self.pool.free, keep=slot)
-        if source is not None:
+        self._evict_idle(need - frees - self.pool.free, keep=slot)
+        if entry is not None:
+            restored = store.restore(self.model, slot.seq_id, entry, tokens)  # the sequence is cleared first
+            self.pool.truncate(slot.seq_id, 0)
+            self.pool.grow(slot.seq_id, restored)
+            slot.cached, slot.cached_adapter = list(tokens[:restored]), adapter
+            self.stats.restored_tokens += restored
+            reused = min(restored, len(tokens) - 1)
+            reused = next((m.start for m in media if m.start < reused < m.end), reused)
+        elif source is not None:
             if self.model.copy_sequence(source.seq_id, slot.seq_id, reused):
                 self.pool.share(source.seq_id, slot.seq_id, reused)
                 slot.cached = list(tokens[:reused])
                 self.stats.shared_prompt_tokens += reused
             else:
                 self.pool.truncate(slot.seq_id, 0)
-                slot.cached, shared, reused = [], 0, 0
+                slot.cached, reused = [], 0
             slot.cached_adapter = adapter
-        # A prefix saved on disk (engine/prefix_store.py) that covers more: restored into the idle slot
-        # whose cache is worth least; never under a LoRA adapter (the files hold the base model's KV).
-        store = self.prefix_store if lookup and adapter is None else None
-        entry = store.better_than(shared, tokens) if store is not None else None
-        if entry is not None:
-            target = min(idle, key=lambda s: len(s.cached))
-            restored = store.restore(self.model, target.seq_id, entry, tokens)
-            target.cached = list(tokens[:restored])
-            self.pool.truncate(target.seq_id, 0)
-            self.pool.grow(target.seq_id, restored)
-            if restored:
-                shared, slot = restored, target
-                self.stats.restored_tokens += restored
-                reused = min(shared, len(tokens) - 1)
-                reused = next((m.start for m in media if m.start < reused < m.end), reused)
-            elif target is slot:  # the file was bad, and the best slot's own cache went with the load
-                shared = reused = 0
-            # else: the file was bad; the best slot's cache still serves
         if not self.model.trim_sequence(slot.seq_id, reused):
             reused = 0  # this model's memory cannot drop a suffix (recurrent, SWA): prefill it all
             slot.cached = []
@@ -820,12 +829,16 @@ class Scheduler:
             prepared, guide = group.prepared, group.guides[index]
             keep = len(prepared.prompt) - 1
             slot = min(idle, key=lambda s: len(s.cached))  # keep the most valuable prefix caches
-            if source is not None and self._cells_free_for(1, slot):
+            if source is not None and self._cells_free_for(1 - self.pool.only_held_by(slot.seq_id), slot):
                 group.unstarted.popleft()
                 if self.draft_model is not None:
                     self.draft_model.forget(slot.seq_id)
                 if self.model.copy_sequence(source.seq_id, slot.seq_id, source.prompt_end - 1):
-                    self.pool.share(source.seq_id, slot.seq_id, keep + source.media_cells())
+                    if self.model.unified:
+                        self.pool.share(source.seq_id, slot.seq_id, keep)  # prompt entries are cells
+                    else:  # a copy into the slot's own stream
+                        self.pool.truncate(slot.seq_id, 0)
+                        self.pool.grow(slot.seq_id, keep)
                     slot.start(
                         prepared,
                         guide,
@@ -899,10 +912,18 @@ class Scheduler:
     def _make_room(self) -> None:
         """Make the pool hold this step's generated tokens (and drafts): drop the drafts, then idle caches,
         then preempt running requests, the most recently admitted first, until it does. Prefill takes only
-        what is free after (step_plan.schedule)."""
-        while True:
+        what is free after (step_plan.schedule). Nothing to do when each slot owns its cells."""
+        while self.model.unified:
             decoding = [s for s in self.slots if s.state is SlotState.DECODE]
             need = sum(len(s.pending) + len(s.drafts) for s in decoding)
+            # The oldest prefilling slot must be able to go on too (a token, or its next media chunk whole):
+            # else, with nothing decoding, the plan would stay empty while idle caches hold the cells.
+            prefilling = min(
+                (s for s in self.slots if s.state is SlotState.PREFILL), key=lambda s: s.admitted, default=None
+            )
+            if prefilling is not None:
+                span = prefilling.media_at(prefilling.n_prefilled)
+                need += span.n_tokens if span is not None else 1
             if need <= self.pool.free:
                 return
             if any(s.drafts for s in decoding):
@@ -1084,7 +1105,7 @@ class Scheduler:
         # Wait for a preparation in progress: it tokenizes with the model the caller frees next.
         self._preparer.shutdown(wait=True, cancel_futures=True)
         self.tasks.close()
-        for slot in self.slots:
+        for slot in [*self.slots, *self.paused]:
             slot.media = []  # chunks hold pixels; free them before the projector goes
         if self.projector is not None:
             self.projector.close()

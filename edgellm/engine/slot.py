@@ -44,6 +44,7 @@ class Slot:
         # After a preemption: the generated tokens whose KV was freed, fed again after the prompt (no logits)
         # before the request goes on decoding from its pending tokens, as if it had never stopped.
         self.refeed: list[int] = []
+        self.resuming = False  # prefilling again after a preemption, its next token already sampled
 
     def common_prefix(self, prompt: list[int]) -> int:
         n = 0
@@ -115,6 +116,7 @@ class Slot:
         self.acceptance = Acceptance()  # how often this request's drafts are accepted (engine/draft.py)
         self._stops = [s.encode("utf-8", "surrogatepass") for s in self.request.sampling.stop if s]
         self.refeed = []
+        self.resuming = False
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
@@ -140,6 +142,7 @@ class Slot:
         if self.state is SlotState.DECODE:
             in_kv = len(self.generated) - len(self.pending)
             self.refeed = self.generated[:in_kv]
+            self.resuming = True  # its prefill ends without logits: its pending tokens are fed next
         # else still prefilling: the prompt (and any refeed not yet done) is fed again
         self.drafts = []
         self.state = SlotState.PREFILL
@@ -154,10 +157,6 @@ class Slot:
         if self.media:
             end = min(end, self.media[0].start)
         return self.prompt[:end]
-
-    def media_cells(self) -> int:
-        """Cells the prompt's media take beyond the positions they advance (M-RoPE), all chunks."""
-        return sum(m.n_tokens - m.n_pos for m in self.media)
 
     @property
     def cells(self) -> int:
@@ -270,6 +269,7 @@ class Slot:
             self.cached = self.cached[: self.media[0].start]
         self.media = []  # frees the chunks' preprocessed pixels
         self.refeed = []
+        self.resuming = False
         self.state = SlotState.IDLE
         self.request = None
         self.guide = None

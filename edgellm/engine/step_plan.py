@@ -77,7 +77,7 @@ def schedule(slots: Sequence[Slot], n_batch: int, free_cells: int | None = None)
             continue  # another media chunk follows at once: next step
         # The prompt's last token gives the first logits; a resumed slot's refeed gives none (its next
         # token is pending already).
-        done = start + len(chunk) == len(feed) and not slot.refeed
+        done = start + len(chunk) == len(feed) and not slot.resuming
         plan._feed(slot, chunk, pos, done)
         if done:
             plan.sampled.append(slot)

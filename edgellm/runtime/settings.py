@@ -63,6 +63,7 @@ MODEL_OVERRIDES = frozenset(
         "n_threads",
         "n_gpu_layers",
         "flash_attn",
+        "kv_unified",
         "kv_cache_type",
         "memory_budget",
         "speculative_decoding",
@@ -184,6 +185,9 @@ class Settings(BaseSettings):
     model_switch_after_s: float = Field(5.0, ge=0, le=3600)
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
+    # One KV pool for all requests (true), or n_ctx / n_slots cells owned by each slot (false: outputs that
+    # never depend on what runs beside them, a request limited to its slot): see README "one KV pool".
+    kv_unified: bool = True
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
     response_format: ResponseMode = ResponseMode.WRAPPED
     state_dir: str = Field(default_factory=default_state_dir)
@@ -376,6 +380,7 @@ class Settings(BaseSettings):
             kv_type=self.kv_cache_type,
             n_batch=self.n_batch,
             flash_attn=self.flash_attn,
+            kv_unified=self.kv_unified,
             embedding_ctx=self.embedding_ctx,
             embedding_model=self._embedding_shape(),
             draft_model=self._draft_shape(),
@@ -463,6 +468,7 @@ class Settings(BaseSettings):
             n_threads=self.n_threads,
             n_gpu_layers=-1 if self.n_gpu_layers == "auto" else int(self.n_gpu_layers),
             flash_attn=self.flash_attn,
+            kv_unified=self.kv_unified,
             kv_cache_type=self.kv_cache_type,
             adaptive_threads=self.thread_policy == "adaptive",
             speculative=self.speculative_decoding,

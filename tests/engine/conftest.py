@@ -63,19 +63,17 @@ def engine(model_path):
     core.close()
 
 
-# llama.cpp's CPU flash attention computes a ubatch of 64 rows or more with a tiled f32 kernel whose result
-# for a sequence depends on where its cells sit in the KV pool, and a smaller one row by row (f16), each row
-# alone. So in one unified pool a request's logits can differ slightly with what it was batched beside, as
-# in llama-server and vLLM. Tests that compare a request's text alone and under load use batches under 64
-# tokens (n_batch 32): every row takes the row kernel, the comparison isolates the scheduler.
-EXACT_BATCH = 32
-
-
+# In one unified KV pool (the default) llama.cpp's CPU flash attention makes a request's logits depend on
+# what it is batched beside: a batch of 64+ rows takes a tiled f32 kernel whose rounding depends on where a
+# sequence's cells sit, smaller ones an f16 row kernel, a lone row over 512+ cells a split-KV one. So tests
+# that compare a request's output alone and under load (batching, drafts, n > 1 seed streams, repeats) run
+# on the slot layout (kv_unified off: each slot its own KV stream), where it is the same (as before the
+# pool; see README "one KV pool").
 @pytest.fixture(scope="session")
-def exact_engine(model_path):
-    """The engine with n_batch 32: outputs independent of what shares a step (see EXACT_BATCH)."""
+def split_engine(model_path):
+    """The engine with each slot owning its cells (kv_unified off): outputs independent of what shares a step."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    core = EngineCore(ModelConfig(path=model_path, n_ctx=8192, n_slots=8, n_batch=EXACT_BATCH), max_waiting=16)
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=8192, n_slots=8, kv_unified=False), max_waiting=16)
     yield EngineHarness(core)
     core.close()
 

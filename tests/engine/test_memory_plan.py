@@ -218,7 +218,7 @@ def test_budget_too_small_for_the_cache_names_the_cache(smol):
     plan = plan_memory(smol, budget_bytes=base + 10 * MIB, n_ctx=8192, n_slots=4, kv_type="f16")
     assert not plan.fits
     message = plan.refusal()
-    assert "n_ctx=8192 over 4 slot(s)" in message
+    assert "a KV pool of n_ctx=8192 cells" in message
     assert "180 MiB of f16 KV cache" in message  # 8192 x 23040 bytes
     assert "kv_cache_type to q8_0" in message
 
@@ -327,7 +327,11 @@ def test_main_prints_the_plan(model_path, capsys):
     assert d["fits"] and d["n_ctx"] == 16384 and d["budget_mib"] == 6144.0
     assert main([model_path, "--budget", "6GiB", "--kv", "q8_0", "--n-slots", "2"]) == 0
     out = capsys.readouterr().out
-    assert "KV cache (q8_0" in out and "2 slot(s) x 4096 tokens" in out and "fits: yes" in out
+    assert (
+        "KV cache (q8_0" in out
+        and "8192 cells (n_ctx 8192 auto) for 2 slot(s); one request up to 8192 tokens" in out
+        and "fits: yes" in out
+    )
 
 
 def test_main_refuses_a_plan_that_does_not_fit(model_path, capsys):
@@ -351,3 +355,12 @@ def test_embeddings_are_planned_for():
     with_embeddings = plan_memory(shape, budget_bytes=4 * GIB, embedding_ctx=512)
     without = plan_memory(shape, budget_bytes=4 * GIB)
     assert with_embeddings.total_bytes - without.total_bytes == context
+
+
+def test_the_slot_layout_pads_each_slot_and_limits_a_request_to_its_share(smol):
+    pool = plan_memory(smol, budget_bytes=6 * GIB, n_ctx=1000, n_slots=3)
+    slots = plan_memory(smol, budget_bytes=6 * GIB, n_ctx=1000, n_slots=3, kv_unified=False)
+    assert (pool.kv_cells, pool.seq_ctx) == (1024, 1024)
+    assert (slots.kv_cells, slots.seq_ctx) == (1536, 512)  # 333 a slot -> 999 -> 1024 -> 341 -> 512 a slot
+    assert slots.kv_bytes > pool.kv_bytes and not slots.to_dict()["kv_unified"]
+    assert "each slot owns its share" in format_plan(slots)

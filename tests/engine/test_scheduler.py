@@ -25,10 +25,10 @@ def test_greedy_is_repeatable(engine):
     assert a.completion_tokens > 0 and a.prompt_tokens > 0
 
 
-def test_eight_concurrent_requests_equal_their_solo_runs(exact_engine):
-    """Greedy and seeded sampling: each request's text is the same alone or beside seven others (batches
-    under 64 tokens: see conftest.EXACT_BATCH)."""
-    engine = exact_engine
+def test_eight_concurrent_requests_equal_their_solo_runs(split_engine):
+    """Greedy and seeded sampling: each request's text is the same alone or beside seven others (each slot
+    its own KV stream: see conftest.split_engine)."""
+    engine = split_engine
     batch = [
         req(f"c{i}", p, temperature=0.0 if i % 2 else 0.9, top_p=0.95, seed=100 + i, max_tokens=40)
         for i, p in enumerate(PROMPTS)
@@ -99,7 +99,7 @@ def test_deadline_ends_request_with_timeout(engine):
     assert out.finish_reason is FinishReason.TIMEOUT and 0 < out.completion_tokens < 500
 
 
-def test_prompt_longer_than_a_slot_is_a_clear_error(engine):
-    out = engine.one(req("huge", "word " * 3000))
+def test_prompt_longer_than_a_slot_is_a_clear_error(split_engine):
+    out = split_engine.one(req("huge", "word " * 3000))
     assert out.finish_reason is FinishReason.ERROR and out.error_type == "context_length_exceeded"
-    assert "a slot holds at most" in out.error
+    assert "a request may hold at most 1023" in out.error
