@@ -36,6 +36,7 @@ MESSAGES_FIELDS = frozenset(
         "tools",
         "tool_choice",
         "thinking",
+        "priority",  # edgellm's (realtime, interactive, batch): Anthropic has no such field
     }
 )
 COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
@@ -120,7 +121,7 @@ def to_openai(
         if body.get("max_tokens") is None:
             raise InvalidRequest("max_tokens: Field required", param="max_tokens")
         out["max_tokens"] = body["max_tokens"]  # its bounds are the shared rule's (the node's maximum)
-        for name in ("temperature", "top_p", "top_k"):  # Anthropic's temperature is 0..1: inside the node's range
+        for name in ("temperature", "top_p", "top_k", "priority"):  # temperature 0..1: inside the node's range
             if body.get(name) is not None:
                 out[name] = body[name]
     stream = body.get("stream", False)

@@ -26,7 +26,7 @@ MAX_LOGPROBS = 5  # OpenAI's bound for the legacy `logprobs`
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default on this endpoint
 
 # The chat route's pass-through fields that mean the same for a raw prompt (no tool or template fields).
-PASSTHROUGH = tuple(f for f in OPENAI_PASSTHROUGH if FIELDS[f].sampling or f in ("seed", "n", "timeout"))
+PASSTHROUGH = tuple(f for f in OPENAI_PASSTHROUGH if FIELDS[f].sampling or f in ("seed", "n", "timeout", "priority"))
 OWN_FIELDS = frozenset(
     {
         "model",

@@ -247,6 +247,14 @@ BODY_FIELDS: tuple[BodyField, ...] = (
     BodyField("request_id", str | None, schema={"pattern": REQUEST_ID_PATTERN}),
     BodyField("REQUEST_ID", str | None, description="alias of request_id"),
     _number("timeout", 600.0, 0.0, MAX_TIMEOUT_S, low_open=True, description="seconds", openai=True),
+    BodyField(
+        "priority",
+        Literal["realtime", "interactive", "batch"] | None,
+        "interactive",
+        description="realtime preempts running batch, then interactive, requests; batch yields to the others",
+        extras=True,
+        openai=True,
+    ),
     # -- tool calls and thinking models (api/tool_rules.py) --
     BodyField("tools", list[ToolBody] | None, description="at most 128 function tools", extras=True, openai=True),
     BodyField(

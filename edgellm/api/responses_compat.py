@@ -55,6 +55,7 @@ READ_FIELDS = frozenset(
         "truncation",
         "include",
         "max_tool_calls",
+        "priority",  # edgellm's (realtime, interactive, batch)
     }
 )
 # Accepted and ignored: they change nothing about generation on a local node.
@@ -201,7 +202,7 @@ def parse_responses_request(body: Any, model_id: str | tuple[str, ...], *, max_m
         raise InvalidRequest("instructions must be a string (valid UTF-16)", param="instructions")
     messages, sources = _input(body.get("input"), max_messages * ITEMS_PER_MESSAGE)
     fields: dict[str, Any] = {}
-    for name in ("temperature", "top_p", "parallel_tool_calls"):
+    for name in ("temperature", "top_p", "parallel_tool_calls", "priority"):
         if body.get(name) is not None:
             fields[name] = body[name]  # the chat rules check them, under the same names
     max_output = body.get("max_output_tokens")

@@ -25,7 +25,7 @@ from edgellm.api.validation import (
     ChatRequest,
 )
 from edgellm.engine.chat_format import ChatFormat, ToolFormat
-from edgellm.engine.types import EngineRequest, ThinkingSpec
+from edgellm.engine.types import EngineRequest, Priority, ThinkingSpec
 from edgellm.errors import InvalidRequest
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.loading import load_content
@@ -128,6 +128,7 @@ def engine_request(
         sampling=request.sampling(seed),
         guide=guide,
         deadline=created_at + request.timeout,
+        priority=Priority(request.priority),
         stream=stream,
         speculative=not request.disable_spec_decode,
         cut_structure_ok=request.cut_structure_ok,
@@ -151,6 +152,7 @@ def _raw_engine_request(
         sampling=request.sampling(seed),
         guide=request.guide,
         deadline=created_at + request.timeout,
+        priority=Priority(request.priority),
         stream=stream,
         apply_chat_template=False,
         speculative=not request.disable_spec_decode,

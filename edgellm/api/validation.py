@@ -43,7 +43,7 @@ from edgellm.api.fields import (
 )
 from edgellm.api.guide_rules import GUIDE_KEYS, MAX_SCHEMA_DEPTH, guided_decoding, normalize_response_format
 from edgellm.api.json_values import has_surrogate, json_problem, json_size
-from edgellm.engine.types import GuideKind, GuideSpec
+from edgellm.engine.types import GuideKind, GuideSpec, Priority
 from edgellm.errors import InvalidRequest
 from edgellm.media.parts import parse_content
 
@@ -173,6 +173,7 @@ _OWN_RULES = {
     "logit_bias": lambda body: _logit_bias(body.get("logit_bias")),
     "request_id": lambda body: _request_id(body),
     "model": lambda body: _model(body.get("model")),
+    "priority": lambda body: _priority(body.get("priority")),
 }
 
 
@@ -400,6 +401,16 @@ def _logit_bias(value: Any) -> dict[int, float]:
             )
         out[token] = float(bias)
     return out
+
+
+def _priority(value: Any) -> str:
+    """realtime, interactive (the default: null too) or batch (engine/types.Priority)."""
+    if value is None:
+        return Priority.INTERACTIVE.value
+    if not isinstance(value, str) or value not in set(Priority):
+        names = ", ".join(p.value for p in Priority)
+        raise InvalidRequest(f"priority must be one of {names}, got {show(value)}", param="priority")
+    return value
 
 
 def _model(value: Any) -> str | None:

@@ -83,6 +83,12 @@ from edgellm.wire import body_too_large, parse_body, render
 SSE_PREFIX = b"data: "
 
 
+def _batch_priority(req: dict[str, Any]) -> dict[str, Any]:
+    """A chat or completions line without a priority runs as `batch` (engine/types.Priority): a file job
+    yields to whatever else the engine serves."""
+    return req if "priority" in req else {**req, "priority": "batch"}
+
+
 def _rendered(body: dict[str, Any]) -> bytes:
     """The bytes the route sends for `body` (its response class renders with wire.render: NaN -> null,
     lone surrogates escaped)."""
@@ -121,7 +127,7 @@ class LocalTransport:
 
     def validate(self, req: dict[str, Any]) -> tuple[ChatRequest, OpenAIOptions]:
         """A batch request as the node's route validates its body; raises the EdgeLLMError it would answer."""
-        raw = wire_body(req, self.model_override)
+        raw = wire_body(_batch_priority(req), self.model_override)
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
@@ -131,7 +137,7 @@ class LocalTransport:
     def validate_completions(self, req: dict[str, Any]) -> tuple[list[ChatRequest], CompletionOptions, list[str]]:
         """A `"url": "/v1/completions"` request as the node's completions route validates it (one request
         per prompt, the prompts' text for `echo`); raises the EdgeLLMError it would answer."""
-        raw = wire_body(req, self.model_override)
+        raw = wire_body(_batch_priority(req), self.model_override)
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal

@@ -46,7 +46,15 @@ from edgellm.engine.step_plan import StepPlan, schedule
 from edgellm.engine.tasks import Tasks, cancel_reason, cancel_text
 from edgellm.engine.thinking import prompt_opens
 from edgellm.engine.token_step import Finish, TokenStep
-from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, GuideKind, StopCause
+from edgellm.engine.types import (
+    EngineOutput,
+    EngineRequest,
+    EngineTask,
+    FinishReason,
+    GuideKind,
+    Priority,
+    StopCause,
+)
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest, QueueFull
 from edgellm.media.types import MediaCaps
 
@@ -618,21 +626,30 @@ class Scheduler:
             outputs.append(_preparation_failure(prepared))
         while True:
             idle = [s for s in self.slots if s.state is SlotState.IDLE]
-            if not idle:
+            # The next to start: a preempted request (it had started: it goes first among equals) or the
+            # best ready one, by priority, then order (of admission; of arrival).
+            paused = min(self.paused, key=lambda s: (s.request.priority.rank, s.admitted), default=None)
+            prepared = min((p for p in self.waiting if p.ready), key=lambda p: p.request.priority.rank, default=None)
+            if paused is not None and (
+                prepared is None or paused.request.priority.rank <= prepared.request.priority.rank
+            ):
+                if idle and self._resume(paused, idle):
+                    self.paused.remove(paused)
+                    continue
+                # No slot or no cells for it: a lower-priority running request makes way, or nothing starts
+                # (a newer request would take what it waits for).
+                if self._make_way(paused.request.priority):
+                    continue
                 return
-            if self.paused:
-                # Preempted requests resume first, oldest admission first; until they can, nothing new
-                # starts (it would take the cells they wait for).
-                if not self._resume(self.paused[0], idle):
-                    return
-                self.paused.pop(0)
-                continue
+            if not idle:
+                if prepared is not None and self._make_way(prepared.request.priority):
+                    continue
+                return
             started = self._start_sample(idle)  # samples of a running n > 1 request go before new requests
             if started is None:
                 return  # a sample waits for cells: so does everything behind it
             if started:
                 continue
-            prepared = next((p for p in self.waiting if p.ready), None)
             if prepared is None:
                 return
             adapter = _adapter_key(prepared.request)
@@ -667,10 +684,21 @@ class Scheduler:
                     )
                     outputs.append(EngineOutput.failure(prepared.request.request_id, exc.message, exc.error_type))
                     continue
+                if self._make_way(prepared.request.priority):
+                    continue
                 return  # its prompt does not fit in the free cells yet: it (and what follows) waits
             self.waiting.remove(prepared)
             if group is not None:
                 self.groups.append(group)
+
+    def _make_way(self, priority: Priority) -> bool:
+        """Preempt the running request of the lowest priority below `priority` (the most recently admitted
+        of them) so that a waiting one of `priority` can start; False when every running one ranks as high."""
+        lower = [s for s in self.slots if s.state is not SlotState.IDLE and s.request.priority.rank > priority.rank]
+        if not lower:
+            return False
+        self._preempt(max(lower, key=_preemption_order), f"a {priority} request is waiting")
+        return True
 
     def _best_prefix(self, tokens: list[int], idle: list[Slot], lookup: bool) -> tuple[int, Slot, Slot | None]:
         """(tokens shared, the idle slot to start in, the running slot to share them from or None).
@@ -935,13 +963,13 @@ class Scheduler:
             running = [s for s in self.slots if s.state is not SlotState.IDLE]
             if len(running) <= 1:
                 return  # one sequence alone always fits (seq_ctx <= the pool): nothing left to free
-            self._preempt(max(running, key=lambda s: s.admitted))
+            self._preempt(max(running, key=_preemption_order))
 
-    def _preempt(self, slot: Slot) -> None:
+    def _preempt(self, slot: Slot, why: str = "the KV pool is full") -> None:
         """Pause a running request: free its cells (those it shares stay with the others), keep all of its
         state in its Slot object (now detached), and put an empty Slot in its sequence."""
         seq_id = slot.seq_id
-        log.info("preempting request %s in slot %d: the KV pool is full", slot.request_id, seq_id)
+        log.info("preempting request %s (%s) in slot %d: %s", slot.request_id, slot.request.priority, seq_id, why)
         self.model.trim_sequence(seq_id, 0)
         self.pool.truncate(seq_id, 0)
         if self.draft_model is not None:
@@ -1139,6 +1167,11 @@ def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:
     # A bug in preparation: this request's failure, never the worker's.
     log.error("request %s: preparation failed", rid, exc_info=exc)
     return EngineOutput.failure(rid, f"internal error while preparing the request: {exc!r}"[:500], "engine_error")
+
+
+def _preemption_order(slot: Slot) -> tuple[int, int]:
+    """The larger, the sooner a running request is paused: the lowest priority, then the latest admitted."""
+    return (slot.request.priority.rank, slot.admitted)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -49,6 +49,22 @@ class StopCause(StrEnum):
     GUIDE = "guide"  # the grammar completed
 
 
+class Priority(StrEnum):
+    """Which requests the engine serves first (admission, resumption) and pauses last (preemption)."""
+
+    REALTIME = "realtime"  # a control loop: preempts a running batch, then interactive, request at once
+    INTERACTIVE = "interactive"  # the default: someone is waiting for it
+    BATCH = "batch"  # synth, batch-run: whatever the others leave
+
+    @property
+    def rank(self) -> int:
+        """0 first: realtime, interactive, batch."""
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {Priority.REALTIME: 0, Priority.INTERACTIVE: 1, Priority.BATCH: 2}
+
+
 class CacheCommit(StrEnum):
     """What a finished request leaves in its slot for later requests' prefix reuse."""
 
@@ -123,6 +139,7 @@ class EngineRequest:
     # Without a deadline: a budget in seconds counted from when the engine queues the request (an
     # in-process run hands over a whole file at once; requests waiting their turn must not expire).
     timeout_s: float | None = None
+    priority: Priority = Priority.INTERACTIVE
     stream: bool = False  # emit EngineOutput deltas while generating
     # How messages become the prompt. apply_chat_template=False: the contents, concatenated, are the
     # prompt as written (control-token text in them is parsed: the file's author is the operator).

@@ -71,7 +71,9 @@ ResponseHook = Callable[[dict[str, Any]], None]
 
 def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
     """One slot per request of a batch, each max_seq_len tokens long, as many as the settings' n_ctx
-    (the KV memory the device was configured for) holds; the rest of a batch queues for a slot."""
+    (the KV memory the device was configured for) holds; the rest of a batch queues for a slot. Each slot
+    owns its cells (kv_unified off): a request never passes max_seq_len (TensorRT-Edge-LLM's maxSeqLen),
+    and its output does not depend on its batch neighbours."""
     seq_len = min(options.max_seq_len, options.model.n_ctx)  # one request never holds more than the budget
     n_slots = max(1, min(job.batch_size, MAX_SLOTS, options.model.n_ctx // seq_len))
     return replace(
@@ -79,6 +81,7 @@ def engine_config(job: InferJob, options: InferOptions) -> ModelConfig:
         n_slots=n_slots,
         n_ctx=n_slots * seq_len,
         n_batch=max(options.model.n_batch, n_slots),
+        kv_unified=False,
     )
 
 

@@ -198,6 +198,7 @@ class _Client:
             "max_tokens": self.opts.max_tokens,
             "seed": record_seed(self.opts.seed, index),
             "response_format": {"type": "json_schema", "json_schema": {"schema": self.schema}},
+            "priority": "batch",  # a dataset job: the node's other clients go first
         }
         if self.opts.token:  # the seed API also reads a body field (a Ratio1 node's endpoints take only that)
             body["authorization"] = self.opts.token

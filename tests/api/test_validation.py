@@ -451,3 +451,19 @@ def test_structural_tag_nesting_is_bounded():
         deep = {"properties": {"a": deep}}
     tag = {"triggers": ["<f"], "structures": [{"begin": "<f>", "schema": deep, "end": ""}]}
     reject({"messages": MSG, "guided_decoding": {"structural_tag": tag}}, "nests deeper than 64 levels")
+
+
+def test_priority_defaults_to_interactive_and_takes_the_three_lanes():
+    assert parse_chat_request({"messages": MSG}).priority == "interactive"
+    assert parse_chat_request({"messages": MSG, "priority": None}).priority == "interactive"
+    for lane in ("realtime", "interactive", "batch"):
+        request = parse_chat_request({"messages": MSG, "priority": lane})
+        assert request.priority == lane
+        stored = ChatRequest.from_params(request.params_dict(), {})  # what a restarted node re-admits
+        assert stored.priority == lane
+    assert parse_chat_request({"messages": MSG, "extras": {"priority": "batch"}}).priority == "batch"
+
+
+@pytest.mark.parametrize("value", [5, "urgent", "", "REALTIME", ["realtime"], {"lane": "batch"}, True, "\ud800"])
+def test_a_priority_outside_the_three_lanes_is_a_400(value):
+    reject({"messages": MSG, "priority": value}, "priority must be one of realtime, interactive, batch")

@@ -18,9 +18,9 @@ PROMPTS = [
 ]
 
 
-def test_greedy_is_repeatable(engine):
-    a = engine.one(req("g1", temperature=0.0, max_tokens=40))
-    b = engine.one(req("g2", temperature=0.0, max_tokens=40))
+def test_greedy_is_repeatable(split_engine):
+    a = split_engine.one(req("g1", temperature=0.0, max_tokens=40))
+    b = split_engine.one(req("g2", temperature=0.0, max_tokens=40))
     assert a.text and a.text == b.text
     assert a.completion_tokens > 0 and a.prompt_tokens > 0
 

@@ -170,7 +170,7 @@ def test_errors_use_the_anthropic_shape(node, client, model):
         client.messages.create(model=model, max_tokens=4, messages=ASK, extra_body={"temperature": 7})
     assert "temperature" in info.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(model=model, max_tokens=4, messages=[{"role": "user", "content": "word " * 3000}])
+        client.messages.create(model=model, max_tokens=4, messages=[{"role": "user", "content": "word " * 9000}])
     assert "prompt is over" in info.value.body["error"]["message"]
     pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": pixel}}

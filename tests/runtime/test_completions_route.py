@@ -144,7 +144,7 @@ def test_one_prompt_too_long_fails_the_body_and_frees_the_others(client, model_i
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as info:
             r = client.completions.create(
-                model=model_id, prompt=["Hello", "word " * 3000], max_tokens=200, stream=stream, logit_bias={"2": -100}
+                model=model_id, prompt=["Hello", "word " * 9000], max_tokens=200, stream=stream, logit_bias={"2": -100}
             )
             list(r) if stream else None
         assert info.value.code == "context_length_exceeded" and info.value.body["param"] == "prompt"

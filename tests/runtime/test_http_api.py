@@ -193,10 +193,10 @@ def test_bad_json_is_400_and_huge_body_is_413(node):
         assert r.status_code == 413
 
 
-def test_prompt_too_long_for_a_slot_is_400(node):
+def test_prompt_too_long_for_the_context_is_400(node):
     with node.client() as c:
-        r = c.post("/create_chat_completion", json=chat("word " * 3000))
-    assert r.status_code == 400 and "a slot holds at most" in r.json()["result"]["error"]
+        r = c.post("/create_chat_completion", json=chat("word " * 9000))
+    assert r.status_code == 400 and "a request may hold at most" in r.json()["result"]["error"]
 
 
 def test_sync_timeout_is_504_with_request_id(node):

@@ -218,7 +218,7 @@ def test_openai_parity_empty_assistant_turn_context_length_and_cached_tokens(cli
     r = client.chat.completions.create(model=model_id, messages=turns, max_tokens=4, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length")
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "word " * 3000}])
+        client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "word " * 9000}])
     assert info.value.code == "context_length_exceeded" and info.value.body["param"] == "messages"
     system = {"role": "system", "content": "You answer questions about the greenhouse of parity test 7. " * 4}
     ask = [system, {"role": "user", "content": "Is it warm?"}]

@@ -49,6 +49,7 @@ SETTINGS_KEYS: dict[str, str] = {
     "N_THREADS": "n_threads",
     "N_GPU_LAYERS": "n_gpu_layers",
     "KV_CACHE_TYPE": "kv_cache_type",
+    "KV_UNIFIED": "kv_unified",
     "MAX_QUEUED": "max_queued",
     "RATE_LIMIT_PER_MINUTE": "rate_limit_per_minute",
     "MAX_REQUEST_TIMEOUT": "max_request_timeout",
