@@ -83,10 +83,10 @@ from edgellm.wire import body_too_large, parse_body, render
 SSE_PREFIX = b"data: "
 
 
-def _batch_priority(req: dict[str, Any]) -> dict[str, Any]:
-    """A chat or completions line without a priority runs as `batch` (engine/types.Priority): a file job
-    yields to whatever else the engine serves."""
-    return req if "priority" in req else {**req, "priority": "batch"}
+def _batch_priority(body: Any) -> Any:
+    """A chat or completions body (parsed, after its size was checked as the node checks it) without a
+    priority runs as `batch` (engine/types.Priority): a file job yields to whatever else the engine serves."""
+    return {**body, "priority": "batch"} if isinstance(body, dict) and "priority" not in body else body
 
 
 def _rendered(body: dict[str, Any]) -> bytes:
@@ -127,23 +127,23 @@ class LocalTransport:
 
     def validate(self, req: dict[str, Any]) -> tuple[ChatRequest, OpenAIOptions]:
         """A batch request as the node's route validates its body; raises the EdgeLLMError it would answer."""
-        raw = wire_body(_batch_priority(req), self.model_override)
+        raw = wire_body(req, self.model_override)
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
-        request, opts = parse_openai_now(parse_body(raw), self.config, self.engine.model.n_vocab)
+        request, opts = parse_openai_now(_batch_priority(parse_body(raw)), self.config, self.engine.model.n_vocab)
         return load_media(request, self.config, self.media_caps), opts
 
     def validate_completions(self, req: dict[str, Any]) -> tuple[list[ChatRequest], CompletionOptions, list[str]]:
         """A `"url": "/v1/completions"` request as the node's completions route validates it (one request
         per prompt, the prompts' text for `echo`); raises the EdgeLLMError it would answer."""
-        raw = wire_body(_batch_priority(req), self.model_override)
+        raw = wire_body(req, self.model_override)
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
         model = self.engine.model
         chats, opts = parse_completion_request(
-            parse_body(raw),
+            _batch_priority(parse_body(raw)),
             self.config.model_name,
             n_vocab=model.n_vocab,
             infill=model.fim_tokens() is not None,
