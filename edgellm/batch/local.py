@@ -86,7 +86,7 @@ SSE_PREFIX = b"data: "
 def _batch_priority(body: Any) -> Any:
     """A chat or completions body (parsed, after its size was checked as the node checks it) without a
     priority runs as `batch` (engine/types.Priority): a file job yields to whatever else the engine serves."""
-    return {**body, "priority": "batch"} if isinstance(body, dict) and "priority" not in body else body
+    return {**body, "priority": "batch"} if isinstance(body, dict) and body.get("priority") is None else body
 
 
 def _rendered(body: dict[str, Any]) -> bytes:

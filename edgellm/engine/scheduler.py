@@ -629,9 +629,17 @@ class Scheduler:
             # The next to start: a preempted request (it had started: it goes first among equals) or the
             # best ready one, by priority, then order (of admission; of arrival).
             paused = min(self.paused, key=lambda s: (s.request.priority.rank, s.admitted), default=None)
-            prepared = min((p for p in self.waiting if p.ready), key=lambda p: p.request.priority.rank, default=None)
+            prepared = min(
+                (p for p in self.waiting if p.ready and p.future.exception() is None),
+                key=lambda p: p.request.priority.rank,
+                default=None,
+            )
+            # A request under another LoRA adapter starts only once every slot is idle under the current one:
+            # paused requests (of the current adapter) resume first whatever their lane, and nothing is
+            # preempted for it (a paused request would only hold the switch up).
+            switching = prepared is not None and _adapter_key(prepared.request) != self._adapter
             if paused is not None and (
-                prepared is None or paused.request.priority.rank <= prepared.request.priority.rank
+                prepared is None or switching or paused.request.priority.rank <= prepared.request.priority.rank
             ):
                 if idle and self._resume(paused, idle):
                     self.paused.remove(paused)
@@ -642,10 +650,11 @@ class Scheduler:
                     continue
                 return
             if not idle:
-                if prepared is not None and self._make_way(prepared.request.priority):
+                if prepared is not None and not switching and self._make_way(prepared.request.priority):
                     continue
                 return
-            started = self._start_sample(idle)  # samples of a running n > 1 request go before new requests
+            # Samples of a running n > 1 request go before new requests of their lane or a lower one.
+            started = self._start_sample(idle, None if prepared is None else prepared.request.priority.rank)
             if started is None:
                 return  # a sample waits for cells: so does everything behind it
             if started:
@@ -676,7 +685,7 @@ class Scheduler:
             prepared.thinking_open = prepared_prompt.thinking_open
             group = SampleGroup(prepared, guides) if prepared.request.n > 1 else None
             if not self._place(prepared, guides[0], idle, group=group):
-                if len(idle) == len(self.slots):
+                if len(idle) == len(self.slots) or len(prepared.prompt) > self.pool.n_cells:
                     # Not even an empty pool holds it (its media take more cells than positions): refused.
                     self.waiting.remove(prepared)
                     exc = ContextLengthExceeded(
@@ -839,15 +848,16 @@ class Scheduler:
         )
         return True
 
-    def _start_sample(self, idle: list[Slot]) -> bool | None:
-        """Start the next waiting sample of an n > 1 request in an idle slot: True when one started, False
-        when none is waiting, None when one waits for cells (admission stops there).
+    def _start_sample(self, idle: list[Slot], up_to_rank: int | None = None) -> bool | None:
+        """Start the next waiting sample of an n > 1 request (of a lane ranked `up_to_rank` or better; None:
+        any) in an idle slot: True when one started, False when none is waiting, None when one waits for
+        cells (admission stops there).
 
         It shares the prompt's cells of a running sample (the prompt is decoded once); while the first
         sample is still prefilling, the others wait for it rather than prefill the prompt again.
         """
         for group in self.groups:
-            if not group.unstarted:
+            if not group.unstarted or (up_to_rank is not None and group.request.priority.rank > up_to_rank):
                 continue
             live = [s for s in self.slots if s.group is group and s.state is not SlotState.IDLE]
             source = group.source(live)
