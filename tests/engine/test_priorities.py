@@ -98,3 +98,24 @@ def test_an_interactive_request_preempts_batch_work_but_not_its_equals(two_slots
     assert s.stats.preemptions == before + 1
     assert all(o.error is None and o.finish_reason is FinishReason.LENGTH for o in finals.values())
     assert finals["b1"].completion_tokens == finals["b2"].completion_tokens == 40
+
+
+def test_a_request_under_another_adapter_preempts_nothing_and_everything_finishes(two_slots, tmp_path):
+    """An interactive request naming a LoRA adapter, sent while batch work fills the slots: an adapter
+    applies to the whole context, so it waits for every slot to be idle; nothing is paused for it (a paused
+    request would hold the switch up for ever), and all of them finish."""
+    from tests.engine.test_lora import random_lora, write_gguf
+
+    s = two_slots
+    adapter = write_gguf(tmp_path / "a.gguf", random_lora(1, ("v_proj", "o_proj")))
+    before = s.stats.preemptions
+    for rid in ("b1", "b2"):
+        assert s.add_request(ask(rid, Priority.BATCH, 24)) is None
+    while not all(sl.state is SlotState.DECODE for sl in s.slots):
+        step_when_prepared(s)
+    tuned = ask("tuned", Priority.INTERACTIVE, 8)
+    tuned.lora_path = str(adapter)
+    assert s.add_request(tuned) is None
+    finals = run_out(s)
+    assert set(finals) == {"b1", "b2", "tuned"} and all(o.error is None for o in finals.values())
+    assert s.stats.preemptions == before and not s.paused
