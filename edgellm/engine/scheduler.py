@@ -629,11 +629,7 @@ class Scheduler:
             # The next to start: a preempted request (it had started: it goes first among equals) or the
             # best ready one, by priority, then order (of admission; of arrival).
             paused = min(self.paused, key=lambda s: (s.request.priority.rank, s.admitted), default=None)
-            prepared = min(
-                (p for p in self.waiting if p.ready and p.future.exception() is None),
-                key=lambda p: p.request.priority.rank,
-                default=None,
-            )
+            prepared = min(self._ready(outputs), key=lambda p: p.request.priority.rank, default=None)
             # A request under another LoRA adapter starts only once every slot is idle under the current one:
             # paused requests (of the current adapter) resume first whatever their lane, and nothing is
             # preempted for it (a paused request would only hold the switch up).
@@ -699,6 +695,19 @@ class Scheduler:
             self.waiting.remove(prepared)
             if group is not None:
                 self.groups.append(group)
+
+    def _ready(self, outputs: list[EngineOutput]) -> list[PreparedRequest]:
+        """The prepared requests, in arrival order; one whose preparation failed (the prepare pool runs
+        concurrently: it may have failed since the last look) ends now, so it is never the one admitted or
+        made way for."""
+        ready = []
+        for prepared in [p for p in self.waiting if p.ready]:
+            if prepared.future.exception() is not None:
+                self.waiting.remove(prepared)
+                outputs.append(_preparation_failure(prepared))
+            else:
+                ready.append(prepared)
+        return ready
 
     def _make_way(self, priority: Priority) -> bool:
         """Preempt the running request of the lowest priority below `priority` (the most recently admitted
