@@ -695,17 +695,18 @@ class Service:
     def status(self) -> dict[str, Any]:
         ready, health = self.health()
         info = self.engine.info if self.engine else {}
+        stats = self.engine.stats if self.engine else {}  # the engine's last report
         return {
             **health,
             "uptime_s": round(time.time() - self.started_at, 1),
             "engine_info": info,
             "load": {
                 k: v
-                for k, v in (self.engine.stats if self.engine else {}).items()
+                for k, v in stats.items()
                 if k
                 in ("slots_total", "slots_busy", "waiting", "n_threads", "thread_switches", "paused", "preemptions")
             },
-            "kv_pool": _kv_pool(self.engine.stats if self.engine else {}),
+            "kv_pool": _kv_pool(stats),
             "in_flight": self.in_flight(),
             "max_queued": self.config.max_queued,
             "registry": {

@@ -40,7 +40,7 @@ from edgellm.engine.prepared import PrepareExecutor
 from edgellm.engine.projector import MediaCollector, Projector
 from edgellm.engine.samples import SampleGroup
 from edgellm.engine.schema_check import SCHEMA_UNCHECKED, schema_error
-from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState
+from edgellm.engine.slot import PreparedRequest, Prompt, Slot, SlotState, common_prefix
 from edgellm.engine.stats import StepStats
 from edgellm.engine.step_plan import StepPlan, schedule
 from edgellm.engine.tasks import Tasks, cancel_reason, cancel_text
@@ -620,10 +620,7 @@ class Scheduler:
         return cancel_reason(request, self._aborted, now)
 
     def _admit(self, outputs: list[EngineOutput]) -> None:
-        # A request whose preparation failed ends now, whether or not a slot is free.
-        for prepared in [p for p in self.waiting if p.ready and p.future.exception() is not None]:
-            self.waiting.remove(prepared)
-            outputs.append(_preparation_failure(prepared))
+        self._ready(outputs)  # a request whose preparation failed ends now, whether or not a slot is free
         while True:
             idle = [s for s in self.slots if s.state is SlotState.IDLE]
             # The next to start: a preempted request (it had started: it goes first among equals) or the
@@ -736,7 +733,7 @@ class Scheduler:
             for running in self.slots:
                 if running.state is SlotState.IDLE or running.cached_adapter != adapter:
                     continue
-                n = _common_prefix(running.kv_prefix(), tokens)
+                n = common_prefix(running.kv_prefix(), tokens)
                 if n > shared:
                     shared, source = n, running
         if source is not None:
@@ -791,9 +788,7 @@ class Scheduler:
         # never under a LoRA adapter (the files hold the base model's KV).
         store = self.prefix_store if lookup and adapter is None else None
         entry = store.better_than(shared, tokens) if store is not None else None
-        reused = min(shared, len(tokens) - 1)
-        # Never start inside a media chunk: it is decoded whole (its stand-ins only match whole anyway).
-        reused = next((m.start for m in media if m.start < reused < m.end), reused)
+        reused = _reuse_point(shared, tokens, media)
         # New cells (prompt entries are cells, a media chunk's stand-ins included); a restored file's are
         # all new. What the slot holds past what it keeps goes back to the pool.
         if entry is not None or source is not None:
@@ -812,8 +807,7 @@ class Scheduler:
             self.pool.grow(slot.seq_id, restored)
             slot.cached, slot.cached_adapter = list(tokens[:restored]), adapter
             self.stats.restored_tokens += restored
-            reused = min(restored, len(tokens) - 1)
-            reused = next((m.start for m in media if m.start < reused < m.end), reused)
+            reused = _reuse_point(restored, tokens, media)
         elif source is not None:
             if self.model.copy_sequence(source.seq_id, slot.seq_id, reused):
                 self.pool.share(source.seq_id, slot.seq_id, reused)
@@ -1193,13 +1187,12 @@ def _preemption_order(slot: Slot) -> tuple[int, int]:
     return (slot.request.priority.rank, slot.admitted)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _reuse_point(shared: int, tokens: list[int], media: list) -> int:
+    """Where prefill starts when `shared` of `tokens` are in the KV already: at least one token is fed again
+    (its logits give the first output), and never inside a media chunk (it is decoded whole; its stand-ins
+    only match whole anyway)."""
+    reused = min(shared, len(tokens) - 1)
+    return next((m.start for m in media if m.start < reused < m.end), reused)
 
 
 def _adapter_key(request: EngineRequest) -> tuple[str, float] | None:

@@ -18,7 +18,17 @@ from edgellm.engine.types import CacheCommit, EngineOutput, EngineRequest, Guide
 if TYPE_CHECKING:  # samples.py does not import this module: no cycle, even for the type checker
     from edgellm.engine.samples import SampleGroup
 
-__all__ = ["PreparedRequest", "Prompt", "Slot", "SlotState"]  # the first two live in prepared.py
+__all__ = ["PreparedRequest", "Prompt", "Slot", "SlotState", "common_prefix"]  # the first two live in prepared.py
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens `a` and `b` share from their start."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class SlotState(Enum):
@@ -47,12 +57,7 @@ class Slot:
         self.resuming = False  # prefilling again after a preemption, its next token already sampled
 
     def common_prefix(self, prompt: list[int]) -> int:
-        n = 0
-        for a, b in zip(self.cached, prompt, strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self.cached, prompt)
 
     def start(
         self,
