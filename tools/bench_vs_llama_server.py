@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """edgellm vs llama.cpp's own llama-server, side by side, through /v1/chat/completions.
 
-Same model (the bundled SmolLM2-135M unless --model), 2 threads, 8 slots over one KV pool of 8192 cells
-on both (llama-server -np 8 -c 8192 --kv-unified, as edgellm's engine makes its context),
+Same model (the bundled SmolLM2-135M unless --model), 2 threads, 8 slots, 8192 KV cells laid out the same
+on both: each slot its share (llama-server -np 8 -c 8192 --no-kv-unified, edgellm's default) or, with
+--edgellm-env EDGELLM_KV_UNIFIED=true, one pool (--kv-unified),
 128 max tokens, temperature 0.7 (top_p 1, top_k 0, min_p 0 sent explicitly: llama-server's own
 defaults differ). llama-server is built once from the pinned llama-cpp-python's sdist with the
 engine's flags (tools/llama_server_build.sh), or taken from --llama-server PATH.
@@ -291,12 +292,14 @@ def edgellm_server(model: str, threads: int, slots: int, n_ctx: int, extra_env: 
     return Server("edgellm", cmd, env, port, tmpdir / "edgellm.log")
 
 
-def llama_server(binary: Path, model: str, threads: int, slots: int, n_ctx: int, extra: list, tmpdir: Path) -> Server:
-    """llama-server on a free port, set as edgellm_server's node is (one unified KV pool)."""
+def llama_server(
+    binary: Path, model: str, threads: int, slots: int, n_ctx: int, unified: bool, extra: list, tmpdir: Path
+) -> Server:
+    """llama-server on a free port, set as edgellm_server's node is (its KV layout included)."""
     port = free_port()
     cmd = [str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(n_ctx)]
-    cmd += ["--kv-unified", "-fa", "on", "--no-webui", *extra]
+    cmd += ["--kv-unified" if unified else "--no-kv-unified", "-fa", "on", "--no-webui", *extra]
     return Server("llama-server", cmd, clean_env(), port, tmpdir / "llama-server.log")
 
 
@@ -606,7 +609,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-server-") as tmp:
         tmpdir = Path(tmp)
         edgellm = edgellm_server(model, THREADS, SLOTS, N_CTX, extra_env, tmpdir)
-        llama = llama_server(server_bin, model, THREADS, SLOTS, N_CTX, args.llama_server_arg, tmpdir)
+        unified = extra_env.get("EDGELLM_KV_UNIFIED", "false").lower() in ("1", "true", "yes", "on")
+        llama = llama_server(server_bin, model, THREADS, SLOTS, N_CTX, unified, args.llama_server_arg, tmpdir)
         results["commands"] = {"edgellm": edgellm.cmd, "llama-server": llama.cmd}
         try:
             first_start: dict[str, float] = {}

@@ -11,11 +11,11 @@ class ModelConfig:
     path: str
     n_ctx: int = 8192  # cells of the KV cache
     n_slots: int = 8  # sequences decoding at once
-    # True: one KV pool every sequence draws from (any request up to the whole of it, shared prefixes stored
-    # once, preemption when it is full). False: each slot owns n_ctx / n_slots cells, and a request's output
-    # never depends on what it is batched beside (llama.cpp's CPU attention kernels differ with a batch's
-    # shape and where a sequence's cells sit in a shared pool).
-    kv_unified: bool = True
+    # False: each slot owns n_ctx / n_slots cells, and a request's output never depends on what it is
+    # batched beside. True: one KV pool every sequence draws from (any request up to the whole of it, shared
+    # prefixes stored once, preemption when it is full), where llama.cpp's output for a sequence depends on
+    # where its cells sit among the others' (README "one KV pool": measured, up to 1 apart in a logit).
+    kv_unified: bool = False
     n_batch: int = 512
     n_threads: int = 0  # 0 = all free cores
     n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0

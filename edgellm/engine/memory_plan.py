@@ -161,7 +161,7 @@ class MemoryPlan:
     cuda_bytes: int = 0
     projector_bytes: int = 0
     n_ctx_train: int = 0  # the model's trained context (0: unknown): no request holds more
-    kv_unified: bool = True  # one pool (False: each slot owns kv_cells / n_slots)
+    kv_unified: bool = False  # each slot owns kv_cells / n_slots (True: one pool)
 
     @property
     def total_bytes(self) -> int:
@@ -366,7 +366,7 @@ def plan_memory(
     max_slot_ctx: int = 4096,
     min_slot_ctx: int = 512,
     flash_attn: bool = True,
-    kv_unified: bool = True,
+    kv_unified: bool = False,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     embedding_ctx: int = 0,
     embedding_model: ModelShape | None = None,
@@ -377,8 +377,9 @@ def plan_memory(
     """The context and slot count to run with, and what they cost. Never raises for a plan that does not
     fit: the caller reads `fits` and refuses to start with `refusal()`.
 
-    n_ctx is the one KV pool every request draws from (engine/model.py: kv_unified), n_slots how many
-    requests decode at once; any one request may use the whole pool (up to n_ctx_train). n_slots "auto": 4,
+    n_ctx is the KV cache's cells, n_slots how many requests decode at once: each slot owns n_ctx / n_slots
+    of them, or, with kv_unified, they are one pool any one request may use whole (up to n_ctx_train)
+    (engine/model.py). n_slots "auto": 4,
     fewer (down to 1) when the budget (or an explicit n_ctx) cannot give each of them min_slot_ctx cells at
     once. n_ctx "auto": the largest pool that fits, sized as n_slots requests of a multiple of 256 tokens
     each, at most min(n_ctx_train, max_slot_ctx) each; when even min_slot_ctx each does not fit, the plan
@@ -526,11 +527,13 @@ def format_plan(plan: MemoryPlan, shape: ModelShape | None = None) -> str:
             f"model: {shape.n_layer} layers, {shape.n_head} heads ({shape.n_head_kv} KV), n_embd {shape.n_embd}, "
             f"head dim {shape.head_dim_k}/{shape.head_dim_v}, vocab {shape.n_vocab}, n_ctx_train {shape.n_ctx_train}"
         )
-    lines.append(
-        f"context: a KV pool of {plan.kv_cells} cells (n_ctx {plan.n_ctx}{' auto' if plan.auto_ctx else ''}) "
-        f"for {plan.n_slots} slot(s); one request up to {plan.seq_ctx} tokens"
-        + ("" if plan.kv_unified else " (kv_unified off: each slot owns its share)")
+    n_ctx = f"n_ctx {plan.n_ctx}{' auto' if plan.auto_ctx else ''}"
+    layout = (
+        f"a KV pool of {plan.kv_cells} cells ({n_ctx}) for {plan.n_slots} slot(s)"
+        if plan.kv_unified
+        else f"{plan.kv_cells} KV cells ({n_ctx}), each of {plan.n_slots} slot(s) owning its share"
     )
+    lines.append(f"context: {layout}; one request up to {plan.seq_ctx} tokens")
     lines += [f"  {name:<38} {n / MIB:>10.1f} MiB" for name, n in rows]
     lines.append(f"fits: {'yes' if plan.fits else 'NO'}")
     return "\n".join(lines)
@@ -546,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-ctx", default="auto", help="total context tokens, or auto")
     parser.add_argument("--n-slots", default="auto", help="parallel slots, or auto")
     parser.add_argument("--n-batch", type=int, default=512)
+    parser.add_argument("--kv-unified", action="store_true", help="plan one KV pool (default: a share per slot)")
     parser.add_argument("--no-flash-attn", action="store_true", help="plan for attention without flash attention")
     parser.add_argument("--mmproj", help="a multimodal projector GGUF to plan for")
     parser.add_argument(
@@ -570,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_type=args.kv,
             n_batch=args.n_batch,
             flash_attn=not args.no_flash_attn,
+            kv_unified=args.kv_unified,
             cuda_bytes=cuda,
             projector_bytes=projector_bytes(args.mmproj),
         )

@@ -219,6 +219,16 @@ class Vocabulary:
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self._pieces: dict[int, bytes] = {}
 
+    def limit_reason(self) -> str:
+        """Why one request holds at most seq_ctx tokens, for the error that refuses a longer one."""
+        trained = f"the model was trained for {self.n_ctx_train}"
+        if self.unified:
+            return f"the KV pool has {self.n_ctx} cells; {trained}"
+        return (
+            f"each of the {self.n_slots} slots owns {self.n_ctx // self.n_slots} of the KV cache's {self.n_ctx} "
+            f"cells, kv_unified makes them one pool; {trained}"
+        )
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(65536)
         n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))

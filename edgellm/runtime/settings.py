@@ -185,9 +185,10 @@ class Settings(BaseSettings):
     model_switch_after_s: float = Field(5.0, ge=0, le=3600)
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
-    # One KV pool for all requests (true), or n_ctx / n_slots cells owned by each slot (false: outputs that
-    # never depend on what runs beside them, a request limited to its slot): see README "one KV pool".
-    kv_unified: bool = True
+    # n_ctx / n_slots cells owned by each slot (false: a request's output never depends on what runs beside
+    # it), or one KV pool for all requests (true: any request up to the whole pool, shared prefixes,
+    # preemption; outputs that depend on where a sequence's cells sit): see README "one KV pool".
+    kv_unified: bool = False
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
     response_format: ResponseMode = ResponseMode.WRAPPED
     state_dir: str = Field(default_factory=default_state_dir)

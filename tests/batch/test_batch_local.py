@@ -155,14 +155,13 @@ def test_local_lines_are_the_nodes_lines(tmp_path):
     """The same file through the real node (HTTP) and through --local: same lines but latency and ids."""
     src = write(tmp_path / "in.json", MIXED)
     http_out, local_out = tmp_path / "http.jsonl", tmp_path / "local.jsonl"
-    # Texts at temperature 0 compared: each slot its own KV cells on both sides, so that a request's output
-    # does not depend on what the engine batched it with (README "one KV pool").
-    node = NodeProcess(tmp_path / "node", env={"EDGELLM_KV_UNIFIED": "false"}).start()
+    # Texts at temperature 0 compared: each slot its own KV cells (the default) on both sides.
+    node = NodeProcess(tmp_path / "node").start()
     try:
         via_http = batch_run(str(src), "-o", str(http_out), "--endpoint", node.base + "/v1", "-q")
     finally:
         node.stop()  # never two engines at once
-    via_local = batch_run(str(src), "-o", str(local_out), "--local", "-q", EDGELLM_KV_UNIFIED="false")
+    via_local = batch_run(str(src), "-o", str(local_out), "--local", "-q")
     assert via_http.returncode == 1, via_http.stderr
     assert via_local.returncode == 1, via_local.stderr
     http, local = lines(http_out), lines(local_out)

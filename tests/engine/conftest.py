@@ -63,17 +63,13 @@ def engine(model_path):
     core.close()
 
 
-# In one unified KV pool (the default) llama.cpp's CPU flash attention makes a request's logits depend on
-# what it is batched beside: a batch of 64+ rows takes a tiled f32 kernel whose rounding depends on where a
-# sequence's cells sit, smaller ones an f16 row kernel, a lone row over 512+ cells a split-KV one. So tests
-# that compare a request's output alone and under load (batching, drafts, n > 1 seed streams, repeats) run
-# on the slot layout (kv_unified off: each slot its own KV stream), where it is the same (as before the
-# pool; see README "one KV pool").
 @pytest.fixture(scope="session")
-def split_engine(model_path):
-    """The engine with each slot owning its cells (kv_unified off): outputs independent of what shares a step."""
+def pool_engine(model_path):
+    """The engine over one KV pool (kv_unified on): any request up to the whole pool, shared prefixes,
+    preemption. Its outputs depend on where a sequence's cells sit (README "one KV pool"): tests on it
+    compare no texts across runs."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    core = EngineCore(ModelConfig(path=model_path, n_ctx=8192, n_slots=8, kv_unified=False), max_waiting=16)
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=8192, n_slots=8, kv_unified=True), max_waiting=16)
     yield EngineHarness(core)
     core.close()
 

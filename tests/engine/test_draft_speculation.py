@@ -25,8 +25,7 @@ STORY = "Write a short story about a robot who learns to paint."
 
 @pytest.fixture(scope="module")
 def drafted(model_path):
-    # Each slot its own KV stream: drafts must not change an output (see conftest.split_engine).
-    config = ModelConfig(path=model_path, n_ctx=4096, n_slots=4, draft_model_path=model_path, kv_unified=False)
+    config = ModelConfig(path=model_path, n_ctx=4096, n_slots=4, draft_model_path=model_path)
     core = EngineCore(config)
     yield EngineHarness(core)
     core.close()

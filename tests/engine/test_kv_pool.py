@@ -47,25 +47,25 @@ def test_pool_counts_shared_cells_once_and_frees_them_with_their_last_holder():
 
 
 # -- one request, the whole context ----------------------------------------------------------------
-def test_a_3000_token_prompt_answers_on_the_default_8192_cell_node(engine):
+def test_a_3000_token_prompt_answers_on_an_8192_cell_pool(pool_engine):
     prompt = "Summarise this list in one word: " + text_of(2900)
-    out = engine.one(req("long", prompt, temperature=0.0, max_tokens=8))
+    out = pool_engine.one(req("long", prompt, temperature=0.0, max_tokens=8))
     assert out.error is None, out.error
     assert out.prompt_tokens > 3000 and out.completion_tokens > 0
-    assert engine.core.info.n_ctx == 8192 and engine.core.info.seq_ctx == 8192
+    assert pool_engine.core.info.n_ctx == 8192 and pool_engine.core.info.seq_ctx == 8192
 
 
-def test_a_prompt_over_the_model_context_is_refused_with_the_real_limit(engine):
+def test_a_prompt_over_the_model_context_is_refused_with_the_real_limit(pool_engine):
     prompt = text_of(8500)
-    out = engine.one(req("too-long", prompt, max_tokens=4))
+    out = pool_engine.one(req("too-long", prompt, max_tokens=4))
     assert out.error is not None and out.error_type is not None
     assert "a request may hold at most 8191" in out.error, out.error
     assert out.error_type.value == ContextLengthExceeded.error_type.value
 
 
 # -- shared prefixes ------------------------------------------------------------------------------
-def test_eight_clients_with_one_900_token_system_prompt_store_it_once(engine):
-    s = engine.scheduler
+def test_eight_clients_with_one_900_token_system_prompt_store_it_once(pool_engine):
+    s = pool_engine.scheduler
     system = "You are a terse assistant. Rules: " + text_of(880, salt=3)
     requests = [req(f"sys{i}", f"Question {i}: name a colour.", temperature=0.0, max_tokens=24) for i in range(8)]
     for r in requests:
@@ -99,7 +99,7 @@ def test_eight_clients_with_one_900_token_system_prompt_store_it_once(engine):
 def small_pool(model_path):
     """A pool of 256 cells for 4 slots: four requests of ~60-80 prompt and 100 generated tokens need ~650."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    core = EngineCore(ModelConfig(path=model_path, n_ctx=256, n_slots=4, n_batch=32), max_waiting=16)
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=256, n_slots=4, n_batch=32, kv_unified=True), max_waiting=16)
     yield EngineHarness(core)
     core.close()
 

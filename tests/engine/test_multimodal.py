@@ -18,14 +18,6 @@ from edgellm.errors import EngineError
 from edgellm.media.types import AudioInput, ImageInput
 from tools.build_mmproj import build_audio_mmproj, build_vision_mmproj
 
-
-@pytest.fixture(scope="module")
-def engine(split_engine):
-    """Each slot its own KV stream: the same image must give the same text whatever shares the step
-    (see conftest.split_engine)."""
-    return split_engine
-
-
 N_EMBD = 576  # SmolLM2-135M
 IMAGE_TOKENS = 16  # (image_size 32 / patch 8)^2 with the test projector
 AUDIO_TOKENS = 150  # one 30 s window, stack factor 10

@@ -35,8 +35,8 @@ def run_out(scheduler) -> dict:
     return finals
 
 
-def test_a_realtime_request_starts_within_a_step_while_eight_batch_requests_generate(engine):
-    s = engine.scheduler
+def test_a_realtime_request_starts_within_a_step_while_eight_batch_requests_generate(pool_engine):
+    s = pool_engine.scheduler
     for i in range(8):
         assert s.add_request(ask(f"batch{i}", Priority.BATCH, 64)) is None
     while not all(sl.state is SlotState.DECODE for sl in s.slots):
@@ -63,7 +63,7 @@ def test_a_realtime_request_starts_within_a_step_while_eight_batch_requests_gene
 @pytest.fixture(scope="module")
 def two_slots(model_path):
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    core = EngineCore(ModelConfig(path=model_path, n_ctx=2048, n_slots=2), max_waiting=16)
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=2048, n_slots=2, kv_unified=True), max_waiting=16)
     yield core.scheduler
     core.close()
 

@@ -5,18 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pytest
-
 from edgellm.engine.types import EngineRequest, FinishReason, GuideKind, GuideSpec, SamplingParams
 from tests.engine.conftest import step_when_prepared
-
-
-@pytest.fixture(scope="module")
-def engine(split_engine):
-    """Each slot its own KV stream: a sample's seed stream must give the same text alone or beside its siblings
-    (see conftest.split_engine)."""
-    return split_engine
-
 
 CAPITAL = "What is the capital of France? Answer with one word."
 

@@ -18,17 +18,16 @@ PROMPTS = [
 ]
 
 
-def test_greedy_is_repeatable(split_engine):
-    a = split_engine.one(req("g1", temperature=0.0, max_tokens=40))
-    b = split_engine.one(req("g2", temperature=0.0, max_tokens=40))
+def test_greedy_is_repeatable(engine):
+    a = engine.one(req("g1", temperature=0.0, max_tokens=40))
+    b = engine.one(req("g2", temperature=0.0, max_tokens=40))
     assert a.text and a.text == b.text
     assert a.completion_tokens > 0 and a.prompt_tokens > 0
 
 
-def test_eight_concurrent_requests_equal_their_solo_runs(split_engine):
+def test_eight_concurrent_requests_equal_their_solo_runs(engine):
     """Greedy and seeded sampling: each request's text is the same alone or beside seven others (each slot
-    its own KV stream: see conftest.split_engine)."""
-    engine = split_engine
+    its own KV stream, the default)."""
     batch = [
         req(f"c{i}", p, temperature=0.0 if i % 2 else 0.9, top_p=0.95, seed=100 + i, max_tokens=40)
         for i, p in enumerate(PROMPTS)
@@ -99,7 +98,7 @@ def test_deadline_ends_request_with_timeout(engine):
     assert out.finish_reason is FinishReason.TIMEOUT and 0 < out.completion_tokens < 500
 
 
-def test_prompt_longer_than_a_slot_is_a_clear_error(split_engine):
-    out = split_engine.one(req("huge", "word " * 3000))
+def test_prompt_longer_than_a_slot_is_a_clear_error(engine):
+    out = engine.one(req("huge", "word " * 3000))
     assert out.finish_reason is FinishReason.ERROR and out.error_type == "context_length_exceeded"
     assert "a request may hold at most 1023" in out.error

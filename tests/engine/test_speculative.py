@@ -24,14 +24,6 @@ from edgellm.engine.decode_cost import DecodeCost
 from edgellm.engine.draft import Acceptance, best_length, expected_accepted, propose
 from edgellm.engine.types import EngineRequest, GuideKind, GuideSpec, SamplingParams
 
-
-@pytest.fixture(scope="module")
-def engine(split_engine):
-    """Each slot its own KV stream: drafts must not change an output
-    (see conftest.split_engine)."""
-    return split_engine
-
-
 PARAGRAPH = (
     "Greenhouse report for March: sensor unit GH-7 in row 12 measured a temperature of 24.5 degrees, "
     "a humidity of 61 percent and a soil moisture of 33 percent. The irrigation valve V-3 was opened at "

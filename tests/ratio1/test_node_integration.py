@@ -123,15 +123,7 @@ def api_pipeline(ports: dict[str, int], broken_model: Path) -> dict:
             {
                 "SIGNATURE": "EDGELLM_INFERENCE_API",
                 "INSTANCES": [
-                    # Each slot its own KV cells: its tests compare texts of repeated requests (README
-                    # "one KV pool": in one pool a request's logits depend on what shares the engine).
-                    {
-                        "INSTANCE_ID": "wrapped",
-                        "PORT": ports["wrapped"],
-                        "N_SLOTS": 4,
-                        "N_CTX": 4096,
-                        "KV_UNIFIED": False,
-                    },
+                    {"INSTANCE_ID": "wrapped", "PORT": ports["wrapped"], "N_SLOTS": 4, "N_CTX": 4096},
                     {
                         "INSTANCE_ID": "raw",
                         "PORT": ports["raw"],
