@@ -14,10 +14,12 @@ A worker's end is always told in words (runtime/native_crash.py): signal or exit
 
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import logging
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -509,8 +511,15 @@ class WorkerEngine:
                 continue
             if time.monotonic() - self._last_pong > self.hang_timeout_s and self._proc is not None:
                 log.error(
-                    "engine worker %s did not answer a ping for %.0f s; killing it", self.pid, self.hang_timeout_s
+                    "engine worker %s did not answer a ping for %.0f s; killing it (this process's threads "
+                    "follow: a Pong unread because the reader thread is stuck looks the same)",
+                    self.pid,
+                    self.hang_timeout_s,
                 )
+                try:
+                    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                except (OSError, ValueError, AttributeError):  # a stderr with no file behind it (a test's capture)
+                    pass
                 self._proc.kill()  # the reader sees EOF and restarts it
 
     def _handle_crash(self) -> None:
