@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -581,6 +582,10 @@ def main() -> int:
     n_c8 = 8 if args.quick else args.requests
     n_c1 = 2 if args.quick else max(1, args.requests // 2)
     model, extra_env = model_and_env(ap, args)
+    try:  # the node's own reading of the variable (pydantic's bool): llama-server gets the layout edgellm runs
+        unified = TypeAdapter(bool).validate_python(extra_env.get("EDGELLM_KV_UNIFIED", False))
+    except ValidationError:
+        ap.error(f"EDGELLM_KV_UNIFIED={extra_env['EDGELLM_KV_UNIFIED']!r} is not a boolean")
 
     # SIGINT too: a run started in the background (nohup, `cmd &`) inherits it ignored.
     signal.signal(signal.SIGINT, on_signal)
@@ -609,7 +614,6 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-server-") as tmp:
         tmpdir = Path(tmp)
         edgellm = edgellm_server(model, THREADS, SLOTS, N_CTX, extra_env, tmpdir)
-        unified = extra_env.get("EDGELLM_KV_UNIFIED", "false").lower() in ("1", "true", "yes", "on")
         llama = llama_server(server_bin, model, THREADS, SLOTS, N_CTX, unified, args.llama_server_arg, tmpdir)
         results["commands"] = {"edgellm": edgellm.cmd, "llama-server": llama.cmd}
         try:

@@ -219,16 +219,6 @@ class Vocabulary:
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self._pieces: dict[int, bytes] = {}
 
-    def limit_reason(self) -> str:
-        """Why one request holds at most seq_ctx tokens, for the error that refuses a longer one."""
-        trained = f"the model was trained for {self.n_ctx_train}"
-        if self.unified:
-            return f"the KV pool has {self.n_ctx} cells; {trained}"
-        return (
-            f"each of the {self.n_slots} slots owns {self.n_ctx // self.n_slots} of the KV cache's {self.n_ctx} "
-            f"cells, kv_unified makes them one pool; {trained}"
-        )
-
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(65536)
         n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
@@ -404,6 +394,16 @@ class LlamaModel(Vocabulary):
                     f"{cells} KV cells over the {cap} the pretend GPU holds (gpu_context_max_cells test hook)"
                 )
         return self._new_context(n_cells)
+
+    def limit_reason(self) -> str:
+        """Why one request holds at most seq_ctx tokens, for the error that refuses a longer one."""
+        trained = f"the model was trained for {self.n_ctx_train}"
+        if self.unified:
+            return f"the KV pool has {self.n_ctx} cells; {trained}"
+        return (
+            f"each of the {self.n_slots} slots owns {self.n_ctx // self.n_slots} of the KV cache's {self.n_ctx} "
+            f"cells, kv_unified makes them one pool; {trained}"
+        )
 
     def _memory_can_drop_suffix(self) -> bool:
         """Prefix KV reuse keeps positions [0, n) and drops the rest; recurrent state (Mamba, RWKV,

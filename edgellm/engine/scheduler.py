@@ -667,12 +667,7 @@ class Scheduler:
                     self.waiting.remove(prepared)
                     outputs.append(EngineOutput.failure(prepared.request.request_id, exc.message, exc.error_type))
                     continue
-            if prepared.future.exception() is not None:
-                # Its preparation failed after the check above (the prepare pool runs concurrently).
-                self.waiting.remove(prepared)
-                outputs.append(_preparation_failure(prepared))
-                continue
-            prepared_prompt, guides = prepared.future.result()
+            prepared_prompt, guides = prepared.future.result()  # it succeeded: _ready took out failures
             prepared.prompt = prepared_prompt.tokens
             prepared.media = prepared_prompt.media
             prepared.thinking_open = prepared_prompt.thinking_open

@@ -113,11 +113,11 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
         return 2
     say("model", f"{config.model.path}")
     if plan is not None:
-        layout = ("pool", "") if plan["kv_unified"] else ("cache", " (a slot's share)")
+        kind, share = ("pool", "") if plan["kv_unified"] else ("cache", " (a slot's share)")
         say(
             "memory plan",
-            f"KV {layout[0]} of {plan['kv_cells']} cells ({plan['kv_type']}) for {plan['n_slots']} slots, up to "
-            f"{plan['seq_ctx']} a request{layout[1]}; "
+            f"KV {kind} of {plan['kv_cells']} cells ({plan['kv_type']}) for {plan['n_slots']} slots, up to "
+            f"{plan['seq_ctx']} a request{share}; "
             f"weights {plan['weights_mib']} MiB + KV {plan['kv_mib']} + compute {plan['compute_mib']} + overhead "
             f"{plan['overhead_mib']} + embeddings {plan.get('embedding_mib', 0)} "
             f"+ draft model {plan.get('draft_mib', 0)} = {plan['total_mib']} MiB "
