@@ -12,6 +12,7 @@
     ├── PayloadTooLarge             413 payload_too_large
     │   └── media.errors.MediaTooLarge    413 media_too_large
     ├── QueueFull                   429 rate_limited (carries Retry-After)
+    │   └── DeadlineUnmet           429 deadline_unmet (deadline_ms: the first token cannot come in time)
     ├── GenerationFailed            422 generation_failed (guide dead end, cut-off structured output)
     ├── EngineUnavailable           503 engine_unavailable
     ├── api.registry.RegistryError  503 registry_error (the registry cannot be read or written)
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from typing import Any
 
 from edgellm.compat import StrEnum
@@ -60,6 +62,7 @@ class ErrorType(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     MEDIA_TOO_LARGE = "media_too_large"
     RATE_LIMITED = "rate_limited"
+    DEADLINE_UNMET = "deadline_unmet"
     GENERATION_FAILED = "generation_failed"
     ENGINE_UNAVAILABLE = "engine_unavailable"
     REGISTRY_ERROR = "registry_error"
@@ -180,6 +183,20 @@ class QueueFull(EdgeLLMError):
 
     def __init__(self, message: str, *, retry_after_s: int = 1, **kw: Any):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)}, **kw)
+
+
+class DeadlineUnmet(QueueFull):
+    """A request's deadline_ms cannot be met: the engine estimated its first token after it
+    (engine/deadline.py). The engine refuses it as data (a message and this type, as the registry keeps
+    every error), so the wait it estimated travels in the message ("retry in N s") and is read back
+    here for Retry-After."""
+
+    error_type = ErrorType.DEADLINE_UNMET
+
+    def __init__(self, message: str, **kw: Any):
+        found = re.search(r"retry in (\d{1,6}) s", message)
+        kw.setdefault("retry_after_s", int(found.group(1)) if found else 1)
+        super().__init__(message, **kw)
 
 
 class GenerationFailed(EdgeLLMError):

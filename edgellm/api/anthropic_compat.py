@@ -37,6 +37,7 @@ MESSAGES_FIELDS = frozenset(
         "tool_choice",
         "thinking",
         "priority",  # edgellm's (realtime, interactive, batch): Anthropic has no such field
+        "deadline_ms",  # edgellm's: the answer ends by then with what it has
     }
 )
 COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
@@ -59,7 +60,8 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     503: "overloaded_error",
 }
-STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
+# deadline_ms cut the answer: Anthropic has no such reason; max_tokens is the one that means "cut short".
+STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "deadline": "max_tokens"}
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def to_openai(
         if body.get("max_tokens") is None:
             raise InvalidRequest("max_tokens: Field required", param="max_tokens")
         out["max_tokens"] = body["max_tokens"]  # its bounds are the shared rule's (the node's maximum)
-        for name in ("temperature", "top_p", "top_k", "priority"):  # temperature 0..1: inside the node's range
+        # temperature 0..1: inside the node's range
+        for name in ("temperature", "top_p", "top_k", "priority", "deadline_ms"):
             if body.get(name) is not None:
                 out[name] = body[name]
     stream = body.get("stream", False)

@@ -1,7 +1,9 @@
 """Bearer-token auth: anonymous on a loopback node without tokens, else constant-time token check.
 
 A successful check names the caller by an owner id (a short hash of the matched token) so that
-records can be tied to the token that created them without storing the token itself.
+records can be tied to the token that created them without storing the token itself. A token may have a
+lane (`token_lanes`): its requests run there unless they ask for a lower one, so a batch job's token
+cannot outrank a control loop's.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import hashlib
 import hmac
 
 from edgellm.api.rate_limit import RateLimiter
+from edgellm.engine.types import Priority
 from edgellm.errors import Unauthorized
 
 
@@ -29,15 +32,29 @@ def owner_id(token: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, tokens: list[str], *, rate_limit_per_minute: int = 0):
-        self._tokens = [t.encode() for t in tokens if t]
-        self._owners = [owner_id(t) for t in tokens if t]
+    def __init__(self, tokens: list[str], *, rate_limit_per_minute: int = 0, lanes: dict[str, str] | None = None):
+        """`lanes`: token -> the lane (engine/types.Priority) of its requests; each is a valid token too."""
+        lanes = lanes or {}
+        tokens = list(dict.fromkeys([*(t for t in tokens if t), *(t for t in lanes if t)]))
+        self._tokens = [t.encode() for t in tokens]
+        self._owners = [owner_id(t) for t in tokens]
+        self._lanes = {owner_id(t): Priority(lane) for t, lane in lanes.items() if t}
         # The per-caller budget sits with auth because the subject it counts is the owner check() names.
         self.limiter = RateLimiter(rate_limit_per_minute)
 
     @property
     def required(self) -> bool:
         return bool(self._tokens)
+
+    def lane(self, owner: str | None, asked: str | None) -> str:
+        """The lane a request of `owner` runs in: the one it asked for (None: its token's, else
+        interactive), never above its token's lane."""
+        ceiling = self._lanes.get(owner) if owner is not None else None
+        if asked is None:
+            return (ceiling or Priority.INTERACTIVE).value
+        if ceiling is not None and Priority(asked).rank < ceiling.rank:
+            return ceiling.value
+        return asked
 
     def check(self, *candidates: str | None) -> str | None:
         """The owner id of the first valid candidate credential (header, body field).

@@ -47,7 +47,10 @@ class ChatRequest(BaseModel):
     # The model it names, when the node serves several (runtime/model_switch.py); None: the default.
     model: str | None = None
     timeout: float = _default("timeout")
-    priority: str = _default("priority")  # engine/types.Priority's value
+    deadline_ms: int | None = None  # the answer ends by created_at + this, with what it has
+    # engine/types.Priority's value; None: the caller's lane (its token's, else interactive: api/auth.py),
+    # set by Service.submit before the request is stored.
+    priority: str | None = None
     disable_spec_decode: bool = _default("disable_spec_decode")  # no speculative drafts (same output)
     n: int = _default("n")  # samples of the prompt, sharing its prefill; sample i draws with seed + i
     # Set by the OpenAI route: structured output cut by max_tokens is a 200 with finish "length" there.

@@ -26,7 +26,9 @@ MAX_LOGPROBS = 5  # OpenAI's bound for the legacy `logprobs`
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default on this endpoint
 
 # The chat route's pass-through fields that mean the same for a raw prompt (no tool or template fields).
-PASSTHROUGH = tuple(f for f in OPENAI_PASSTHROUGH if FIELDS[f].sampling or f in ("seed", "n", "timeout", "priority"))
+PASSTHROUGH = tuple(
+    f for f in OPENAI_PASSTHROUGH if FIELDS[f].sampling or f in ("seed", "n", "timeout", "deadline_ms", "priority")
+)
 OWN_FIELDS = frozenset(
     {
         "model",
@@ -409,6 +411,8 @@ COMPLETION_BODY_SCHEMA: dict[str, Any] = {
         "response_format": {"type": "object"},
         "guided_decoding": {"$ref": "#/components/schemas/GuidedDecodingBody"},
         "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
+        "deadline_ms": {"type": "integer", "minimum": 1, "description": FIELDS["deadline_ms"].description},
+        "priority": {"enum": ["realtime", "interactive", "batch"], "description": FIELDS["priority"].description},
         "user": {"type": "string", "description": "accepted and ignored"},
     },
 }

@@ -14,12 +14,14 @@ import numpy as np
 
 from edgellm.api.display import show
 from edgellm.api.openai_compat import check_model, refuse_unknown
+from edgellm.api.validation import priority
 from edgellm.engine.types import EngineRequest, EngineTask
 from edgellm.errors import InvalidRequest, PayloadTooLarge
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 ENCODINGS = ("float", "base64")
-EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+# priority: edgellm's lanes (engine/types.Priority), as on the chat routes.
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "priority"})
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class EmbeddingsCall:
     request: EngineRequest
     encoding: str
     n_inputs: int
+    priority: str | None = None  # as asked; None: the caller's lane (api/auth.py)
 
 
 def parse_embeddings(body: Any, model_id: str | tuple[str, ...], *, n_embd: int, max_bytes: int) -> EmbeddingsCall:
@@ -55,7 +58,7 @@ def parse_embeddings(body: Any, model_id: str | tuple[str, ...], *, n_embd: int,
         raise InvalidRequest("user must be a string", param="user")
     inputs = _inputs(body.get("input"), max_bytes)
     request = EngineRequest("", [], task=EngineTask.EMBED, payload={"inputs": inputs, "normalize": True})
-    return EmbeddingsCall(request, encoding, len(inputs))
+    return EmbeddingsCall(request, encoding, len(inputs), priority(body.get("priority")))
 
 
 def _inputs(value: Any, max_bytes: int) -> list[str | list[int]]:

@@ -248,10 +248,22 @@ BODY_FIELDS: tuple[BodyField, ...] = (
     BodyField("REQUEST_ID", str | None, description="alias of request_id"),
     _number("timeout", 600.0, 0.0, MAX_TIMEOUT_S, low_open=True, description="seconds", openai=True),
     BodyField(
+        "deadline_ms",
+        int | None,
+        rule="integer",
+        lo=1,
+        hi=int(MAX_TIMEOUT_S * 1000),
+        description="the answer ends by then (ms from arrival) with the text it has, finish_reason deadline; "
+        "refused at once (429 deadline_unmet, Retry-After) when its first token cannot come in time",
+        extras=True,
+        openai=True,
+    ),
+    BodyField(
         "priority",
         Literal["realtime", "interactive", "batch"] | None,
-        "interactive",
-        description="realtime preempts running batch, then interactive, requests; batch yields to the others",
+        None,
+        description="realtime preempts running batch, then interactive, requests; batch yields to the others; "
+        "null: the token's lane (token_lanes), else interactive. Never above the token's lane",
         extras=True,
         openai=True,
     ),

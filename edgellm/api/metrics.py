@@ -106,6 +106,7 @@ class _LiveCollector:
             ("kv_used", "KV pool cells in use"),
             ("kv_shared", "KV pool cells more than one sequence shares (a common prefix stored once)"),
             ("paused", "Requests paused by a preemption, waiting for KV cells to resume"),
+            ("embedding_jobs", "Embedding requests queued or running"),
         ):
             if key in engine:
                 yield GaugeMetricFamily(f"edgellm_{key}", help_text, value=engine[key])
@@ -115,6 +116,7 @@ class _LiveCollector:
             ("reused_tokens", "Prompt tokens skipped thanks to a cached prefix"),
             ("shared_prompt_tokens", "Prompt tokens shared from another running sequence's KV cells"),
             ("preemptions", "Running requests paused to free KV cells (resumed later, nothing lost)"),
+            ("embedded_inputs", "Embedding inputs computed"),
         ):
             if key in engine:
                 yield CounterMetricFamily(f"edgellm_engine_{key}", help_text, value=engine[key])

@@ -56,6 +56,7 @@ READ_FIELDS = frozenset(
         "include",
         "max_tool_calls",
         "priority",  # edgellm's (realtime, interactive, batch)
+        "deadline_ms",  # edgellm's: the answer ends by then with what it has
     }
 )
 # Accepted and ignored: they change nothing about generation on a local node.
@@ -202,7 +203,7 @@ def parse_responses_request(body: Any, model_id: str | tuple[str, ...], *, max_m
         raise InvalidRequest("instructions must be a string (valid UTF-16)", param="instructions")
     messages, sources = _input(body.get("input"), max_messages * ITEMS_PER_MESSAGE)
     fields: dict[str, Any] = {}
-    for name in ("temperature", "top_p", "parallel_tool_calls", "priority"):
+    for name in ("temperature", "top_p", "parallel_tool_calls", "priority", "deadline_ms"):
         if body.get(name) is not None:
             fields[name] = body[name]  # the chat rules check them, under the same names
     max_output = body.get("max_output_tokens")
@@ -675,7 +676,7 @@ def response_body(resp: StoredResponse) -> dict[str, Any]:
     choice = (completion.get("choices") or [{}])[0]
     finish = choice.get("finish_reason")
     status = {"pending": "in_progress", "completed": "completed", "timeout": "failed"}.get(resp.status, "failed")
-    if status == "completed" and finish == "length":
+    if status == "completed" and finish in ("length", "deadline"):
         status = "incomplete"
     if resp.status == "failed" and resp.error_type == "cancelled":
         status = "cancelled"
@@ -696,7 +697,10 @@ def response_body(resp: StoredResponse) -> dict[str, Any]:
         "status": status,
         "background": False,
         "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        # "deadline": edgellm's deadline_ms ended it (OpenAI names only its own two reasons).
+        "incomplete_details": {"reason": "deadline" if finish == "deadline" else "max_output_tokens"}
+        if status == "incomplete"
+        else None,
         "instructions": meta.get("instructions"),
         "max_output_tokens": meta.get("max_output_tokens"),
         "max_tool_calls": meta.get("max_tool_calls"),

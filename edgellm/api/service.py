@@ -39,6 +39,7 @@ from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.interface import EngineClient
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
 from edgellm.errors import (
+    Cancelled,
     EdgeLLMError,
     EngineUnavailable,
     ErrorType,
@@ -103,6 +104,19 @@ class Delegator(Protocol):
 
 
 FINISH_WRITE_RETRIES = (0.05, 0.2, 0.5)  # seconds between attempts to store a result
+# The engine's load as /status shows it (engine/info.py EngineLoad, StepStats).
+STATUS_LOAD = (
+    "slots_total",
+    "slots_busy",
+    "waiting",
+    "n_threads",
+    "thread_switches",
+    "paused",
+    "preemptions",
+    "embedding_jobs",
+    "embedded_inputs",
+)
+TASK_WATCH_S = 0.5  # how often a waiting engine task (an embedding request) looks whether its caller is gone
 
 
 class Service:
@@ -296,6 +310,8 @@ class Service:
         Raises 429 (too much in flight), 503 (engine not ready), 400 (duplicate id), 507 (disk full).
         """
         self._require_engine()
+        # Its token's lane at most (api/auth.py), stored with it (a restart re-admits it in the same lane).
+        request = request.model_copy(update={"priority": self.auth.lane(owner, request.priority)})
         if unsaved := len(self.requests.unsaved()):
             raise RegistryFull(
                 f"{unsaved} finished result(s) could not be written to the request registry (disk "
@@ -406,10 +422,16 @@ class Service:
         else:
             dispatch(request.model, request_id, build)
 
-    async def run_task(self, request: EngineRequest, timeout_s: float) -> EngineOutput:
+    async def run_task(
+        self,
+        request: EngineRequest,
+        timeout_s: float,
+        disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> EngineOutput:
         """Run an engine task other than generation (EngineTask) and return its final output; its error,
         when it failed, as the EdgeLLMError its type stands for. Counted against max_queued like any
-        request, never registered: the answer is all there is of it."""
+        request, never registered: the answer is all there is of it. `disconnected`: the caller's state,
+        watched while it waits; once it is gone the task is aborted and Cancelled raised."""
         self._require_engine(new_work=request.task is EngineTask.EMBED)
         key = f"task-{uuid.uuid4().hex}"
         request.request_id = key
@@ -419,9 +441,8 @@ class Service:
             with self.requests.registering_one(self._refuse_when_full):
                 self._tasks[key] = fut
                 await asyncio.to_thread(self.engine.submit, request)
-            try:
-                out = await asyncio.wait_for(asyncio.shield(fut), timeout_s + 5.0)
-            except asyncio.TimeoutError:
+            out = await self._task_answer(key, fut, timeout_s + 5.0, disconnected)
+            if out is None:
                 self.abort(key)
                 raise WaitTimeout(f"the {request.task} request did not finish within {timeout_s:g} s") from None
         finally:
@@ -431,6 +452,25 @@ class Service:
         if out.error is not None:
             raise error_from(out.error_type, out.error)
         return out
+
+    async def _task_answer(
+        self,
+        key: str,
+        fut: asyncio.Future[EngineOutput],
+        wait_s: float,
+        disconnected: Callable[[], Awaitable[bool]] | None,
+    ) -> EngineOutput | None:
+        """The task's final output; None after `wait_s`. Looks at the caller every TASK_WATCH_S: one that
+        hung up has the task aborted (the engine frees it at its next step) and gets Cancelled."""
+        give_up = time.monotonic() + wait_s
+        while (left := give_up - time.monotonic()) > 0:
+            done, _ = await asyncio.wait({fut}, timeout=min(left, TASK_WATCH_S) if disconnected else left)
+            if done:
+                return fut.result()
+            if disconnected is not None and await disconnected():
+                self.abort(key)
+                raise Cancelled(f"the {key} task's caller disconnected")
+        return None
 
     async def count_prompt_tokens(self, chat: ChatRequest) -> int:
         """The prompt tokens `chat` would run with: its messages through the model's chat template (tools
@@ -700,12 +740,7 @@ class Service:
             **health,
             "uptime_s": round(time.time() - self.started_at, 1),
             "engine_info": info,
-            "load": {
-                k: v
-                for k, v in stats.items()
-                if k
-                in ("slots_total", "slots_busy", "waiting", "n_threads", "thread_switches", "paused", "preemptions")
-            },
+            "load": {k: v for k, v in stats.items() if k in STATUS_LOAD},
             "kv_pool": _kv_pool(stats),
             "in_flight": self.in_flight(),
             "max_queued": self.config.max_queued,

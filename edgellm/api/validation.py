@@ -173,7 +173,7 @@ _OWN_RULES = {
     "logit_bias": lambda body: _logit_bias(body.get("logit_bias")),
     "request_id": lambda body: _request_id(body),
     "model": lambda body: _model(body.get("model")),
-    "priority": lambda body: _priority(body.get("priority")),
+    "priority": lambda body: priority(body.get("priority")),
 }
 
 
@@ -403,10 +403,10 @@ def _logit_bias(value: Any) -> dict[int, float]:
     return out
 
 
-def _priority(value: Any) -> str:
-    """realtime, interactive (the default: null too) or batch (engine/types.Priority)."""
+def priority(value: Any) -> str | None:
+    """realtime, interactive or batch (engine/types.Priority); None (absent, null): the caller's lane."""
     if value is None:
-        return Priority.INTERACTIVE.value
+        return None
     if not isinstance(value, str) or value not in set(Priority):
         names = ", ".join(p.value for p in Priority)
         raise InvalidRequest(f"priority must be one of {names}, got {show(value)}", param="priority")

@@ -317,6 +317,7 @@ class EngineCore:
             dataclasses.replace(
                 steps,
                 finished=dict(steps.finished),
+                embedded_inputs=self.scheduler.tasks.embedded_inputs,
                 decode_cost_ms=self.scheduler.decode_cost.table(),
                 prefix_cache=store.stats() if (store := self.scheduler.prefix_store) is not None else {},
             ),

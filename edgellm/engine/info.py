@@ -52,6 +52,7 @@ class EngineLoad:
     kv_used: int = 0
     kv_shared: int = 0
     paused: int = 0
+    embedding_jobs: int = 0  # embedding requests queued or running (engine/tasks.py)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class PreparedRequest:
     prompt: list[int] = field(default_factory=list)  # set from the future at admission
     media: list[MediaSpan] = field(default_factory=list)
     thinking_open: bool = False
+    deadline_checked: bool = False  # its deadline_ms was weighed against the work ahead (engine/deadline.py)
 
     @property
     def ready(self) -> bool:

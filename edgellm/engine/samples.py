@@ -60,7 +60,10 @@ class SampleGroup:
     def cancel_unstarted(self, reason: FinishReason, text: str) -> EngineOutput | None:
         combined = None
         while self.unstarted:
-            out = EngineOutput.failure(self.request.request_id, text, None, reason)
+            if reason is FinishReason.DEADLINE:  # a sample that never started: an empty answer, on time
+                out = EngineOutput(self.request.request_id, True, finish_reason=reason)
+            else:
+                out = EngineOutput.failure(self.request.request_id, text, None, reason)
             out.index = self.unstarted.popleft()
             combined = self.finish(out)
         return combined

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from edgellm.engine.cpu_share import ThreadGovernor
+from edgellm.engine.deadline import DeadlineEstimator, Work
 from edgellm.engine.decode_cost import DecodeCost
 from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_length, expected_accepted, propose
 from edgellm.engine.draft_model import DraftAsk, DraftModel
@@ -55,7 +57,15 @@ from edgellm.engine.types import (
     Priority,
     StopCause,
 )
-from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest, QueueFull
+from edgellm.errors import (
+    ContextLengthExceeded,
+    DeadlineUnmet,
+    EdgeLLMError,
+    EngineError,
+    ErrorType,
+    InvalidRequest,
+    QueueFull,
+)
 from edgellm.media.types import MediaCaps
 
 log = logging.getLogger(__name__)
@@ -109,6 +119,7 @@ class Scheduler:
         self.tasks = Tasks(model, self._preparer)  # requests that take no slot: embeddings, tokenizer, template
         self.prefix_store = PrefixStore.for_model(model)  # None when prefix_cache_dir is unset
         self.decode_cost = DecodeCost()  # what verifying drafts costs here (probed at start, then observed)
+        self.deadlines = DeadlineEstimator(model.n_slots, model.n_batch)  # deadline_ms: refused up front
         # False: every proposal is sent, whatever it costs (tools/bench_speculative.py compares the two).
         self.adaptive_drafts = True
         # The board's cumulative joules (runtime/energy.EnergyMeter.joules), set by whoever has a power
@@ -251,6 +262,7 @@ class Scheduler:
             "kv_used": pool.used,
             "kv_shared": pool.shared,
             "paused": len(self.paused),
+            "embedding_jobs": len(self.tasks.embeds),
         }
 
     # -- the step ----------------------------------------------------------------------------
@@ -260,8 +272,8 @@ class Scheduler:
         self.threads.tick()
         if self.tasks.pending():
             # Before the slots' step, so that an embedding batch and a decode step take turns.
-            generating = any(s.state is not SlotState.IDLE for s in self.slots)
-            outputs += self.tasks.step(self._aborted, generating=generating)
+            lanes = [s.request.priority for s in self.slots if s.state is not SlotState.IDLE]
+            outputs += self.tasks.step(self._aborted, generating=min(lanes, key=lambda p: p.rank, default=None))
         self._drop_cancelled(outputs)
         self._admit(outputs)
         self._propose_drafts()
@@ -594,14 +606,21 @@ class Scheduler:
         return rows
 
     def _drop_cancelled(self, outputs: list[EngineOutput]) -> None:
+        """End what was cancelled, or passed its timeout (a failure) or its deadline_ms (the text it has)."""
         now = time.time()
         kept: deque[PreparedRequest] = deque()
         for p in self.waiting:
             reason = self._cancel_reason(p.request, now)
-            if reason is None:
-                kept.append(p)
-            else:
+            if reason is FinishReason.DEADLINE:  # it never started: refused, as one estimated to be late is
+                waited = time.monotonic() - p.queued_at
+                late = DeadlineUnmet(
+                    f"deadline_ms passed before the request started ({waited:.2f} s waiting); retry in 1 s"
+                )
+                outputs.append(EngineOutput.failure(p.request.request_id, late.message, late.error_type))
+            elif reason is not None:
                 outputs.append(EngineOutput.failure(p.request.request_id, cancel_text(reason), None, reason))
+            else:
+                kept.append(p)
         self.waiting = kept
         for slot in [*self.slots, *self.paused]:
             if slot.state is not SlotState.IDLE:
@@ -609,7 +628,8 @@ class Scheduler:
                 if reason is not None:
                     if slot in self.paused:
                         self.paused.remove(slot)
-                    self._emit(outputs, self._finish(slot, Finish(reason, cancel_text(reason))))
+                    ended = Finish(reason) if reason is FinishReason.DEADLINE else Finish(reason, cancel_text(reason))
+                    self._emit(outputs, self._finish(slot, ended))
         for group in [g for g in self.groups if g.unstarted]:
             reason = self._cancel_reason(group.request, now)
             if reason is not None:
@@ -697,9 +717,59 @@ class Scheduler:
             if prepared.future.exception() is not None:
                 self.waiting.remove(prepared)
                 outputs.append(_preparation_failure(prepared))
+            elif not prepared.deadline_checked and (refusal := self._deadline_refusal(prepared)) is not None:
+                self.waiting.remove(prepared)
+                outputs.append(EngineOutput.failure(prepared.request.request_id, refusal.message, refusal.error_type))
             else:
                 ready.append(prepared)
         return ready
+
+    def _deadline_refusal(self, prepared: PreparedRequest) -> DeadlineUnmet | None:
+        """For a request with a deadline, once: DeadlineUnmet when its first token is estimated after it
+        (engine/deadline.py), with the work ahead of it as it stands now."""
+        prepared.deadline_checked = True
+        request = prepared.request
+        if request.answer_by is None:
+            return None
+        rank, tokens = request.priority.rank, prepared.future.result()[0].tokens
+
+        def work(r: EngineRequest, prompt_left: int, generated: int = 0) -> Work:
+            return Work(r.priority.rank, prompt_left, generated, r.sampling.max_tokens)
+
+        busy = [s for s in self.slots if s.state is not SlotState.IDLE]
+        running = [work(s.request, len(s.feed) - s.n_prefilled, len(s.generated)) for s in busy]
+        ahead = [work(s.request, len(s.feed), len(s.generated)) for s in self.paused if s.request.priority.rank <= rank]
+        for group in self.groups:  # samples of running n > 1 requests that wait for a slot
+            if group.request.priority.rank <= rank:
+                ahead += [work(group.request, 0)] * len(group.unstarted)
+        later = False
+        for other in self.waiting:  # before it: its lane or a higher one; after it: a higher one only
+            later = later or other is prepared
+            if other is not prepared and other.request.priority.rank < rank + (0 if later else 1):
+                unknown = not other.ready or other.future.exception() is not None  # its prompt: a typical one
+                n = round(self.deadlines.prompt_tokens) if unknown else len(other.future.result()[0].tokens)
+                ahead += [work(other.request, n)] * other.request.n
+        cached = max(
+            (common_prefix(s.cached if s.state is SlotState.IDLE else s.kv_prefix(), tokens) for s in self.slots),
+            default=0,
+        )
+        start_s, first_s = self.deadlines.first_token_s(
+            self.decode_cost,
+            rank,
+            len(tokens) - min(cached, len(tokens) - 1),
+            running,
+            ahead,
+            measured_prefill_s=self.stats.prefill_decode_s,
+            measured_prefill_tokens=self.stats.prompt_tokens,
+        )
+        left_s = request.answer_by - time.time()
+        if first_s <= left_s:
+            return None
+        return DeadlineUnmet(
+            f"deadline_ms cannot be met: the first token is estimated in {first_s:.2f} s ({start_s:.2f} s of work "
+            f"ahead in its lane or above, then its prompt), the deadline is in {max(0.0, left_s):.2f} s; retry in "
+            f"{max(1, math.ceil(first_s - max(0.0, left_s)))} s"
+        )
 
     def _make_way(self, priority: Priority) -> bool:
         """Preempt the running request of the lowest priority below `priority` (the most recently admitted
@@ -1010,14 +1080,21 @@ class Scheduler:
         # JSON object, not after free text of a structural tag or a complete regex match): the text does
         # not conform.
         by_stop = reason is FinishReason.STOP and finish.cause is StopCause.STOP_STRING
-        cut = slot.guide is not None and (reason is FinishReason.LENGTH or by_stop) and error is None
+        by_budget = reason in (FinishReason.LENGTH, FinishReason.DEADLINE)
+        cut = slot.guide is not None and (by_budget or by_stop) and error is None
         cut = cut and not slot.guide.is_accepting()
         # Steering gave the structure its shortest valid ending (not a cut one): report it as "length".
         truncated = slot.closing and not cut and error is None and reason in (FinishReason.STOP, FinishReason.LENGTH)
         if truncated and not cut:
             reason = FinishReason.LENGTH  # complete, but only because the budget forced the shortest ending
         if cut and not slot.request.cut_structure_ok:
-            at = "by a stop string" if by_stop else "at max_tokens"
+            at = (
+                "by a stop string"
+                if by_stop
+                else "at its deadline"
+                if reason is FinishReason.DEADLINE
+                else "at max_tokens"
+            )
             what = (
                 f"a tool call was cut {at} before it was complete" + (" (raise max_tokens)" if not by_stop else "")
                 if slot.request.structure is not None
@@ -1066,6 +1143,8 @@ class Scheduler:
         if first is not None and (out.error is not None or out.guided_incomplete or out.schema_error is not None):
             out = first  # the second draw is no better (failed, cut, timed out, fails the schema too)
         self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
+        if out.error is None and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.deadlines.finished(len(slot.prompt), n_gen)  # what answers take here, for deadline estimates
         log.debug("slot %d finishes request %s: %s, %d tokens", slot.seq_id, slot.request_id, reason.value, n_gen)
         group = slot.group
         slot.reset(commit=slot.request.cache_commit)

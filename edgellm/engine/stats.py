@@ -25,6 +25,7 @@ class StepStats:
     media_chunks: int = 0  # images / audio windows encoded and decoded into a sequence
     media_s: float = 0.0  # their encode + decode time
     media_encode_s: float = 0.0  # of media_s: the projector's encoder alone
+    embedded_inputs: int = 0  # embedding inputs computed (engine/tasks.py; cancelled ones stop counting)
     finished: dict[str, int] = field(default_factory=dict)
     # A decode's estimated ms by tokens decoded (engine/decode_cost.py): what drafts are weighed against.
     decode_cost_ms: dict[str, float] = field(default_factory=dict)
@@ -45,6 +46,7 @@ class StepStats:
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "media_chunks": self.media_chunks,
+            "embedded_inputs": self.embedded_inputs,
             "media_ms_per_chunk": 1000 * self.media_s / max(1, self.media_chunks),
             "media_encode_ms_per_chunk": 1000 * self.media_encode_s / max(1, self.media_chunks),
             "decode_ms_per_step": 1000 * self.decode_s / per,

@@ -24,7 +24,7 @@ import numpy as np
 
 from edgellm.engine.embedder import MAX_SEQUENCES, Embedder, EmbeddingModel, cells, normalize
 from edgellm.engine.model import LlamaModel, Vocabulary
-from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
+from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, Priority
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -104,22 +104,26 @@ class Tasks:
         """A generation decode took `generation_s`: embeddings may take their share of that much."""
         self.credit_s = min(MAX_CREDIT_S, self.credit_s + generation_s * EMBED_SHARE / (1 - EMBED_SHARE))
 
-    def step(self, cancelled: set[str], *, generating: bool = False) -> list[EngineOutput]:
-        """Answers that are ready, and one embedding batch: a small one, and only on credit earned by
-        generation (earn()), while `generating`."""
+    def step(self, cancelled: set[str], *, generating: Priority | None = None) -> list[EngineOutput]:
+        """Answers that are ready, and one embedding batch. While slots generate (`generating`: the highest
+        lane among them) the batch is a small one, on credit earned by generation (earn()), unless an
+        embedding request of a higher lane waits: that one goes at once, as it would preempt."""
         outputs: list[EngineOutput] = []
         for request, future in [(r, f) for r, f in self.utility if f.done()]:
             self.utility.remove((request, future))
             outputs.append(_answer(request, future))
         self._drop(outputs, cancelled)
-        if generating and self.credit_s <= 0:
+        jobs = self._in_turn()
+        if not jobs:
             return outputs
-        batch = self._next_batch(outputs, BUSY_BATCH_CELLS if generating else self.embed_ctx)
-        if batch:
-            t0 = time.perf_counter()
-            self._run(batch, outputs)
-            if generating:
-                self.credit_s -= time.perf_counter() - t0
+        outranks = generating is not None and jobs[0].request.priority.rank < generating.rank
+        if generating is not None and self.credit_s <= 0 and not outranks:
+            return outputs
+        batch = self._next_batch(jobs, BUSY_BATCH_CELLS if generating is not None else self.embed_ctx)
+        t0 = time.perf_counter()
+        self._run(batch, outputs)
+        if generating is not None and not outranks:
+            self.credit_s -= time.perf_counter() - t0
         return outputs
 
     def _drop(self, outputs: list[EngineOutput], cancelled: set[str]) -> None:
@@ -134,16 +138,20 @@ class Tasks:
                 self.embeds.remove(job)
                 outputs.append(_answer(job.request, job.future))
 
-    def _next_batch(self, outputs: list[EngineOutput], budget: int) -> list[tuple[EmbedJob, int]]:
-        """(job, input index) pairs for one decode: inputs in arrival order while they fit `budget` cells
+    def _in_turn(self) -> list[EmbedJob]:
+        """The embedding jobs ready to run, in their turn: by lane, then the one served least so far (a
+        1-input request sent during a 2,048-input one goes in the next batch; two big ones alternate), then
+        arrival. A job still being tokenized waits for the next step."""
+        ready = [j for j in self.embeds if j.future.done() and j.future.exception() is None]
+        order = {id(j): i for i, j in enumerate(self.embeds)}
+        return sorted(ready, key=lambda j: (j.request.priority.rank, j.next_input, order[id(j)]))
+
+    def _next_batch(self, jobs: list[EmbedJob], budget: int) -> list[tuple[EmbedJob, int]]:
+        """(job, input index) pairs for one decode: inputs of `jobs` in turn while they fit `budget` cells
         (the first input always goes: it fits the context, its request checked that)."""
         batch: list[tuple[EmbedJob, int]] = []
         lengths: list[int] = []
-        for job in self.embeds:
-            if not job.future.done():
-                break  # first come, first served: a later request does not overtake one in preparation
-            if job.future.exception() is not None:
-                continue  # its preparation failed after _drop looked: the next step's _drop answers it
+        for job in jobs:
             inputs = job.inputs
             if not job.rows:
                 job.rows = [None] * len(inputs)
@@ -247,16 +255,20 @@ class Tasks:
 
 
 def cancel_reason(request: EngineRequest, cancelled: set[str], now: float) -> FinishReason | None:
-    """ABORT when the caller cancelled the request, TIMEOUT past its deadline (wall clock), else None."""
+    """ABORT when the caller cancelled the request, TIMEOUT past its timeout, DEADLINE past its deadline_ms
+    (wall clock), else None."""
     if request.request_id in cancelled:
         return FinishReason.ABORT
     if request.deadline is not None and now >= request.deadline:
         return FinishReason.TIMEOUT
+    if request.answer_by is not None and now >= request.answer_by:
+        return FinishReason.DEADLINE
     return None
 
 
 def cancel_text(reason: FinishReason) -> str:
-    return "request deadline passed" if reason is FinishReason.TIMEOUT else "request cancelled"
+    texts = {FinishReason.TIMEOUT: "request timeout passed", FinishReason.DEADLINE: "request deadline_ms passed"}
+    return texts.get(reason, "request cancelled")
 
 
 def _piece_text(data: bytes) -> str | list[int]:

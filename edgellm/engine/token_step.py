@@ -200,9 +200,11 @@ class TokenStep:
     def _budget_left(self, slot: Slot) -> int:
         """Tokens the answer may still take: the least of what max_tokens leaves, what the context leaves
         (a long prompt ends the output at the slot's end, before max_tokens) and what the request's
-        deadline leaves at this slot's own pace so far: closing plans for whichever ends it first."""
-        left = min(slot.request.sampling.max_tokens - len(slot.generated), self.model.seq_ctx - slot.cells - 1)
-        deadline, n = slot.request.deadline, len(slot.generated)
+        timeout or deadline_ms leaves at this slot's own pace so far: closing plans for whichever ends it first."""
+        request = slot.request
+        left = min(request.sampling.max_tokens - len(slot.generated), self.model.seq_ctx - slot.cells - 1)
+        deadline = min((t for t in (request.deadline, request.answer_by) if t is not None), default=None)
+        n = len(slot.generated)
         if deadline is not None and slot.first_token_at is not None and n >= DEADLINE_PACE_TOKENS:
             spent = time.monotonic() - slot.first_token_at
             if spent > 0:

@@ -14,7 +14,8 @@ class FinishReason(StrEnum):
     STOP = "stop"  # end-of-generation token, stop string, or the grammar completed
     LENGTH = "length"  # max_tokens or the slot's context is full
     ERROR = "error"  # guide dead end or a llama.cpp failure; partial text is kept
-    TIMEOUT = "timeout"  # the request's deadline passed
+    TIMEOUT = "timeout"  # the request's timeout passed: it fails
+    DEADLINE = "deadline"  # its deadline_ms passed: it ends with the text it has (EngineRequest.answer_by)
     ABORT = "abort"  # cancelled by the caller (client gone)
 
 
@@ -139,6 +140,9 @@ class EngineRequest:
     # Without a deadline: a budget in seconds counted from when the engine queues the request (an
     # in-process run hands over a whole file at once; requests waiting their turn must not expire).
     timeout_s: float | None = None
+    # deadline_ms: by this wall clock time the answer ends, with what it has (FinishReason.DEADLINE), and
+    # a request whose first token cannot come before it is refused when it is prepared (engine/lanes.py).
+    answer_by: float | None = None
     priority: Priority = Priority.INTERACTIVE
     stream: bool = False  # emit EngineOutput deltas while generating
     # How messages become the prompt. apply_chat_template=False: the contents, concatenated, are the

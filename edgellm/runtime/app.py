@@ -142,7 +142,9 @@ def create_app(
     registry = Registry(
         Path(settings.state_dir) / "requests.sqlite3", ttl_s=settings.request_ttl, boot_id=uuid.uuid4().hex
     )
-    auth = Authenticator(settings.tokens, rate_limit_per_minute=settings.rate_limit_per_minute)
+    auth = Authenticator(
+        settings.tokens, rate_limit_per_minute=settings.rate_limit_per_minute, lanes=settings.token_lanes
+    )
     service = Service(service_config(settings), registry, auth)
     service.board = BoardTelemetry(settings.board_root)
     # The board's input energy since start (/metrics edgellm_energy_joules_total); per-request energy is
@@ -289,8 +291,10 @@ def create_app(
         changed = classify(app.state.settings, new).live
         mode = ResponseMode(new.response_format)
         service.config = service_config(new)
-        if {"tokens", "rate_limit_per_minute"} & set(changed):
-            service.auth = Authenticator(new.tokens, rate_limit_per_minute=new.rate_limit_per_minute)
+        if {"tokens", "token_lanes", "rate_limit_per_minute"} & set(changed):
+            service.auth = Authenticator(
+                new.tokens, rate_limit_per_minute=new.rate_limit_per_minute, lanes=new.token_lanes
+            )
         registry.ttl_s = new.request_ttl
         logging.getLogger("edgellm").setLevel(new.log_level.upper())
         app.state.settings = new

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from edgellm.api.embeddings_compat import embeddings_body, parse_detokenize, parse_embeddings, parse_tokenize
 from edgellm.api.openai_compat import error_body
 from edgellm.api.service import Service
+from edgellm.engine.types import Priority
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
@@ -77,7 +78,7 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
     @app.post("/v1/embeddings", openapi_extra=EMBEDDINGS_DOC)
     async def embeddings(request: Request):
         try:
-            authenticate(service, request)
+            owner = authenticate(service, request)
             body = await read_json_body(request, max_body_bytes)
             model = service.named_model(body)
             call = parse_embeddings(
@@ -87,7 +88,12 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
                 max_bytes=service.config.max_prompt_bytes,
             )
             call.request.model = model  # a task for that model's worker (runtime/model_switch.py)
-            out = await service.run_task(call.request, service.config.default_timeout_s)
+            call.request.priority = Priority(service.auth.lane(owner, call.priority))
+            # A caller that hangs up cancels its inputs not yet embedded (the engine drops the job at its
+            # next step), as a chat request's generation is.
+            out = await service.run_task(
+                call.request, service.config.default_timeout_s, disconnected=request.is_disconnected
+            )
         except EdgeLLMError as exc:
             return JSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
         return embeddings_body(out.result["embeddings"], call, model or service.model_name, out.prompt_tokens)

@@ -29,6 +29,7 @@ LIVE: frozenset[str] = frozenset(
         "max_completion_tokens",
         "max_messages",
         "tokens",
+        "token_lanes",
         "rate_limit_per_minute",
         "log_level",
     }

@@ -226,6 +226,12 @@ class Settings(BaseSettings):
     # runtime/cors.py); none by default. env: EDGELLM_CORS_ORIGINS=http://a.local:3000,https://b.local
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # A lane per token (api/auth.py): its requests run there unless they ask for a lower one, so a batch
+    # job's token cannot outrank a control loop's. Each is a valid token too. env:
+    # EDGELLM_TOKEN_LANES='{"robot-secret": "realtime", "synth-secret": "batch"}'
+    token_lanes: dict[Annotated[str, Field(min_length=1)], Literal["realtime", "interactive", "batch"]] = Field(
+        default_factory=dict
+    )
     node_alias: str = Field(default_factory=socket.gethostname)
     evm_network: str = "local"
     log_level: str = "info"
@@ -553,7 +559,7 @@ class Settings(BaseSettings):
             return False
 
     def check_bind_safety(self) -> None:
-        if not self.is_loopback() and not self.tokens:
+        if not self.is_loopback() and not self.tokens and not self.token_lanes:
             raise SettingsError(
                 f"refusing to listen on non-loopback address {self.host} without a token: set "
                 "INFERENCE_API_TOKEN (or tokens in the config file)"

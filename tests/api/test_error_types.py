@@ -38,6 +38,7 @@ STATUS = {
     ErrorType.PAYLOAD_TOO_LARGE: 413,
     ErrorType.MEDIA_TOO_LARGE: 413,
     ErrorType.RATE_LIMITED: 429,
+    ErrorType.DEADLINE_UNMET: 429,
     ErrorType.GENERATION_FAILED: 422,
     ErrorType.ENGINE_UNAVAILABLE: 503,
     ErrorType.REGISTRY_ERROR: 503,

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from edgellm.api.auth import Authenticator
+from edgellm.api.submission import engine_request
 from edgellm.api.validation import ChatRequest, normalize_response_format, parse_chat_request
 from edgellm.engine.types import GuideKind
 from edgellm.errors import InvalidRequest
@@ -453,9 +455,10 @@ def test_structural_tag_nesting_is_bounded():
     reject({"messages": MSG, "guided_decoding": {"structural_tag": tag}}, "nests deeper than 64 levels")
 
 
-def test_priority_defaults_to_interactive_and_takes_the_three_lanes():
-    assert parse_chat_request({"messages": MSG}).priority == "interactive"
-    assert parse_chat_request({"messages": MSG, "priority": None}).priority == "interactive"
+def test_priority_is_the_callers_lane_unless_given_and_takes_the_three_lanes():
+    assert parse_chat_request({"messages": MSG}).priority is None  # the token's lane, else interactive
+    assert parse_chat_request({"messages": MSG, "priority": None}).priority is None
+    assert engine_request("k", parse_chat_request({"messages": MSG}), 1, created_at=0.0).priority == "interactive"
     for lane in ("realtime", "interactive", "batch"):
         request = parse_chat_request({"messages": MSG, "priority": lane})
         assert request.priority == lane
@@ -467,3 +470,31 @@ def test_priority_defaults_to_interactive_and_takes_the_three_lanes():
 @pytest.mark.parametrize("value", [5, "urgent", "", "REALTIME", ["realtime"], {"lane": "batch"}, True, "\ud800"])
 def test_a_priority_outside_the_three_lanes_is_a_400(value):
     reject({"messages": MSG, "priority": value}, "priority must be one of realtime, interactive, batch")
+
+
+def test_deadline_ms_is_stored_and_becomes_the_engines_answer_by():
+    request = parse_chat_request({"messages": MSG, "deadline_ms": 250})
+    assert request.deadline_ms == 250
+    assert ChatRequest.from_params(request.params_dict(), {}).deadline_ms == 250  # a restart keeps it
+    sent = engine_request("k", request, 1, created_at=100.0)
+    assert sent.answer_by == pytest.approx(100.25) and sent.deadline == pytest.approx(100.0 + request.timeout)
+    assert engine_request("k", parse_chat_request({"messages": MSG}), 1, created_at=0.0).answer_by is None
+    assert parse_chat_request({"messages": MSG, "extras": {"deadline_ms": 5}}).deadline_ms == 5
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, -1, 1.5, "250", True, [250], {"ms": 1}, 3_600_001, pytest.param(10**5000, id="5000-digits"), float("nan")],
+)
+def test_a_bad_deadline_ms_is_a_400(value):
+    error = reject({"messages": MSG, "deadline_ms": value}, "deadline_ms must be")
+    assert error.param == "deadline_ms"
+
+
+def test_a_tokens_lane_is_its_requests_default_and_their_ceiling():
+    auth = Authenticator(["plain"], lanes={"robot": "realtime", "synth": "batch"})
+    robot, synth, plain = (auth.check(f"Bearer {t}") for t in ("robot", "synth", "plain"))
+    assert auth.lane(robot, None) == "realtime" and auth.lane(robot, "batch") == "batch"  # it may ask lower
+    assert auth.lane(synth, None) == "batch" and auth.lane(synth, "realtime") == "batch"  # never higher
+    assert auth.lane(plain, None) == "interactive" and auth.lane(plain, "realtime") == "realtime"
+    assert Authenticator([]).lane(None, None) == "interactive"

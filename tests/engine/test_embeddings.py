@@ -3,6 +3,8 @@ template, on the real engine core and the bundled model."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import pytest
 
@@ -115,6 +117,42 @@ def test_cancelled_embedding_ends_with_one_output(engine):
     outs: list[EngineOutput] = []
     engine.core.run_until_idle(on_output=outs.append)
     assert [o.finish_reason for o in outs if o.request_id == "c"] == [FinishReason.ABORT]
+
+
+def test_a_one_input_request_sent_during_a_big_one_is_answered_first(engine):
+    scheduler = engine.scheduler
+    big = embed("big", [f"sentence number {i} about the weather on the coast" for i in range(200)])
+    assert engine.core.add(big) is None
+    outs: list[EngineOutput] = []
+    while not scheduler.tasks.embeds or scheduler.tasks.embeds[0].next_input == 0:  # its first batch has run
+        scheduler.wait_prepared(1.0)
+        outs += scheduler.step()
+    assert engine.core.add(embed("small", ["The cat sat on the mat."])) is None
+    engine.core.run_until_idle(on_output=outs.append)
+    order = [o.request_id for o in outs if o.finished]
+    assert order == ["small", "big"]
+    assert vectors(next(o for o in outs if o.request_id == "big")).shape[0] == 200
+
+
+def test_a_higher_lane_embedding_goes_first_and_its_own_lane_takes_turns():
+    from concurrent.futures import Future
+
+    from edgellm.engine.tasks import EmbedJob, Tasks
+    from edgellm.engine.types import Priority
+
+    def job(rid: str, lane: Priority, served: int) -> EmbedJob:
+        done: Future = Future()
+        done.set_result([[1, 2, 3]] * 10)
+        r = embed(rid, ["x"] * 10)
+        r.priority = lane
+        j = EmbedJob(r, done)
+        j.next_input = served
+        return j
+
+    tasks = Tasks.__new__(Tasks)  # only the queue: _in_turn reads nothing else
+    tasks.embeds = deque([job("batch-new", Priority.BATCH, 0), job("old", Priority.INTERACTIVE, 6)])
+    tasks.embeds += [job("new", Priority.INTERACTIVE, 0), job("rt", Priority.REALTIME, 9)]
+    assert [j.request.request_id for j in tasks._in_turn()] == ["rt", "new", "old", "batch-new"]
 
 
 @pytest.mark.parametrize(
@@ -234,7 +272,7 @@ def test_a_job_whose_preparation_fails_after_the_drop_check_is_left_to_the_next_
     job = EmbedJob(embed("late-failure", [""]), failed)
     tasks.embeds.append(job)
     try:
-        assert tasks._next_batch([], 512) == []  # skipped, not raised into the step loop
+        assert job not in tasks._in_turn()  # skipped, not raised into the step loop
         outputs: list[EngineOutput] = []
         tasks._drop(outputs, set())
         assert [o.request_id for o in outputs] == ["late-failure"] and outputs[0].error
