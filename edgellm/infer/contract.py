@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from edgellm import jsonsafe
-from edgellm.engine.types import CacheCommit, EngineRequest, GuideSpec, SamplingParams
+from edgellm.engine.types import CacheCommit, EngineRequest, GuideSpec, Priority, SamplingParams
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest
 from edgellm.infer.models import (
     InputFile,
@@ -188,12 +188,14 @@ def _top_values(model: InputFile) -> dict[str, Any]:
         name: default if getattr(model, name) is None else getattr(model, name) for name, default in DEFAULTS.items()
     }
     top["guided_decoding"] = model.guided_decoding.spec if model.guided_decoding is not None else None
+    if model.priority is not None:
+        top["priority"] = model.priority
     return top
 
 
 def _profile_top(top: dict[str, Any]) -> dict[str, Any]:
     """JSON-friendly: logit_bias keys as strings, the guide as {mode: spec}."""
-    out = dict(top)
+    out = {k: v for k, v in top.items() if k != "priority"}  # the seed's profile fields only
     out["logit_bias"] = {str(k): v for k, v in top["logit_bias"].items()}
     guide: GuideSpec | None = top["guided_decoding"]
     out["guided_decoding"] = {guide.kind.value: True if guide.spec is None else guide.spec} if guide else None
@@ -273,6 +275,8 @@ def _item(
         # The path as written; the runner resolves it (a relative one against the input file's folder)
         # and converts a PEFT safetensors adapter to GGUF before the batch runs.
         lora_path=top["available_lora_weights"].get(req.lora_name) if req.lora_name is not None else None,
+        # edgellm's addition (not in the profile): the engine admits waiting items by lane, then order.
+        priority=Priority(req.priority or top.get("priority") or Priority.INTERACTIVE),
     )
     return InferItem(idx, 0, raw_messages, request, req.lora_name, error, seed, drawn, bool(req.disable_spec_decode))
 

@@ -32,6 +32,7 @@ MAX_GENERATE_LENGTH = 32768
 MAX_NUM_LOGPROBS = 50
 MAX_BIAS = 100.0
 MAX_TOP_K = MAX_TOKEN_ID
+LANES = ("realtime", "interactive", "batch")  # engine/types.Priority, edgellm's addition to the format
 GUIDE_MODES = ("json_object", "json_schema", "regex", "ebnf", "structural_tag", "choice")  # the seed's order
 UNKNOWN_FIELD = "unknown field (not in the TensorRT-Edge-LLM input format)"
 
@@ -263,6 +264,7 @@ class Request(_Model):
     guided_decoding: GuidedDecoding | None = None
     stop: Annotated[list[str], rule(_stop)] | None = None
     sampling_seed: Annotated[int, rule(_check_seed)] | None = None
+    priority: Annotated[str, rule(choice(LANES))] | None = None  # edgellm's: which items the engine serves first
 
 
 class InputFile(_Model):
@@ -286,6 +288,7 @@ class InputFile(_Model):
     ) = None
     available_lora_weights: Annotated[dict[str, str], rule(_lora_weights)] | None = None
     guided_decoding: GuidedDecoding | None = None
+    priority: Annotated[str, rule(choice(LANES))] | None = None  # every request's, unless it sets its own
     requests: Annotated[list[Request], rule(nonempty_list("request"))]
 
 

@@ -15,7 +15,7 @@ from edgellm.api.auth import Authenticator
 from edgellm.api.registry import Registry, RegistryFull, RequestStatus
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.api.validation import parse_chat_request
-from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, Priority
 from edgellm.errors import InvalidRequest, UnknownRequest
 from tests.api.test_registry import fill_registry
 
@@ -127,3 +127,15 @@ async def test_another_tokens_request_is_not_found(tmp_path):
     for other in ("owner-b", None):
         with pytest.raises(UnknownRequest):
             await service.request_status(rid, return_full=False, owner=other)
+
+
+async def test_a_request_runs_in_its_tokens_lane_and_the_lane_is_stored(tmp_path):
+    service, engine = make_service(tmp_path)
+    service.auth = Authenticator([], lanes={"robot": "realtime", "synth": "batch"})
+    robot, synth = service.auth.check("robot"), service.auth.check("synth")
+    await service.submit(chat(), mode="async", owner=robot)
+    await service.submit(chat(priority="realtime"), mode="async", owner=synth)  # above its token's lane
+    await service.submit(chat(priority="batch"), mode="async", owner=robot)  # a lower one may be asked
+    assert [r.priority for r in engine.submitted] == [Priority.REALTIME, Priority.BATCH, Priority.BATCH]
+    stored = [service.registry.get(r.request_id).params["priority"] for r in engine.submitted]
+    assert stored == ["realtime", "batch", "batch"]  # what a restarted node re-admits them in

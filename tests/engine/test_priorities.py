@@ -35,8 +35,9 @@ def run_out(scheduler) -> dict:
     return finals
 
 
-def test_a_realtime_request_starts_within_a_step_while_eight_batch_requests_generate(pool_engine):
-    s = pool_engine.scheduler
+@pytest.mark.parametrize("layout", ["engine", "pool_engine"])  # slots (the default) and one KV pool
+def test_a_realtime_request_starts_within_a_step_while_eight_batch_requests_generate(layout, request):
+    s = request.getfixturevalue(layout).scheduler
     for i in range(8):
         assert s.add_request(ask(f"batch{i}", Priority.BATCH, 64)) is None
     while not all(sl.state is SlotState.DECODE for sl in s.slots):

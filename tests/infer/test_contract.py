@@ -1084,3 +1084,12 @@ def test_structural_tag_structures_refuse_unknown_keys():
     with pytest.raises(InferInputError) as info:
         job({"requests": [req(guided_decoding={"structural_tag": tag})]})
     assert 'structures[0]: unknown key "foo" (expected begin, schema and end)' in info.value.message
+
+
+def test_priority_is_edgellms_addition_per_file_and_per_request():
+    parsed = job({"priority": "batch", "requests": [req(), {**req(), "priority": "realtime"}]})
+    assert [i.request.priority.value for i in parsed.items] == ["batch", "realtime"]
+    assert "priority" not in parsed.top  # the profile keeps the seed's fields
+    assert job({"requests": [req()]}).items[0].request.priority.value == "interactive"
+    with pytest.raises(InferInputError, match="priority"):
+        job({"requests": [{**req(), "priority": "urgent"}]})

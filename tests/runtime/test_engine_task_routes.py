@@ -11,7 +11,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, wait_until
 
 TOKEN = "s3cret-token"
 
@@ -117,3 +117,27 @@ def test_the_routes_are_in_openapi(node):
     paths = httpx.get(f"{node.base}/openapi.json", headers={"authorization": f"Bearer {TOKEN}"}).json()["paths"]
     for path in ("/v1/embeddings", "/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens"):
         assert path in paths
+
+
+def test_a_caller_that_hangs_up_cancels_its_embeddings_and_a_small_request_is_not_held(node, client, model):
+    many = [f"sentence number {i} about the weather on the coast tonight" for i in range(2048)]
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=node.base, headers=headers) as c:
+
+        def load() -> dict:
+            return c.get("/status").json()["result"]["load"]
+
+        wait_until(lambda: "embedded_inputs" in load(), 10, "the engine's first report")
+        before = load()["embedded_inputs"]
+        with pytest.raises(httpx.ReadTimeout):  # 2,048 inputs take ~40 s here: the client gives up after 1 s
+            c.post("/v1/embeddings", json={"model": model, "input": many}, timeout=1.0)
+        # A one-input request sent now is answered (it goes before the big one's remaining inputs anyway).
+        assert len(client.embeddings.create(model=model, input="The cat sat on the mat.").data) == 1
+        # A report from after both ran (inputs were embedded since `before`) in which no job is left: the
+        # abandoned one was dropped, not run to its end.
+        wait_until(
+            lambda: (now := load())["embedded_inputs"] > before and now["embedding_jobs"] == 0,
+            30,
+            "the engine to drop the abandoned request",
+        )
+        assert load()["embedded_inputs"] - before < 2048

@@ -350,3 +350,30 @@ def test_n_samples_come_back_as_choices_streamed_or_not(client, model_id):
     assert texts == [c.message.content for c in whole.choices]
     assert finals == {c.index: c.finish_reason for c in whole.choices}
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_deadline_ms_cuts_the_answer_with_its_text_and_an_impossible_one_is_a_429(client, model_id, node):
+    long = {"logit_bias": {"2": -100}, "temperature": 0, "max_tokens": 900}  # no end token: runs to max_tokens
+    story = [{"role": "user", "content": "Write a long story."}]
+    # 900 tokens take ~9 s here: a 1.5 s deadline ends it first, with the text so far and a 200.
+    r = client.chat.completions.create(model=model_id, messages=story, extra_body={**long, "deadline_ms": 1500})
+    assert r.choices[0].finish_reason == "deadline" and r.choices[0].message.content
+    assert 0 < r.usage.completion_tokens < 900
+    # 1 ms: its first token cannot come in time, so it is refused at once, with when to retry.
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(model=model_id, messages=story, extra_body={**long, "deadline_ms": 1})
+    assert refused.value.response.headers["retry-after"].isdigit()
+    assert "deadline_ms cannot be met" in refused.value.message or "deadline_ms passed" in refused.value.message
+    # The same field on the Anthropic route: its stop reason for a cut answer.
+    messages = anthropic.Anthropic(base_url=node.base, api_key="unused", max_retries=0).messages.create(
+        model=model_id, max_tokens=900, messages=story, extra_body={"deadline_ms": 1500, "temperature": 0}
+    )
+    assert messages.stop_reason in ("max_tokens", "end_turn")
+
+
+def test_hostile_deadline_ms_values_are_400s(client, model_id):
+    for value in (0, -5, "soon", 1e300, True, 10**400):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model=model_id, messages=MESSAGES, max_tokens=4, extra_body={"deadline_ms": value}
+            )
