@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from edgellm.api import model_routes
 from edgellm.api.auth import Authenticator
 from edgellm.api.guide_pool import request_checks, shared_pool
+from edgellm.api.lanes import Pause, lanes_body, paused_lanes, thermal_refusal
 from edgellm.api.metrics import ServiceMetrics, live_state
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
@@ -37,7 +38,7 @@ from edgellm.api.submission import (
 from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.interface import EngineClient
-from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason
+from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, Priority
 from edgellm.errors import (
     Cancelled,
     EdgeLLMError,
@@ -235,7 +236,7 @@ class Service:
         if not request.has_media:
             return request
         self._refuse_when_full()  # before decoding: pixels are memory
-        self._refuse_under_pressure()
+        self._refuse_under_pressure(Priority(request.priority) if request.priority else None)
         return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
 
     def _refuse_when_full(self) -> None:
@@ -309,9 +310,9 @@ class Service:
 
         Raises 429 (too much in flight), 503 (engine not ready), 400 (duplicate id), 507 (disk full).
         """
-        self._require_engine()
         # Its token's lane at most (api/auth.py), stored with it (a restart re-admits it in the same lane).
         request = request.model_copy(update={"priority": self.auth.lane(owner, request.priority)})
+        self._require_engine(lane=Priority(request.priority))
         if unsaved := len(self.requests.unsaved()):
             raise RegistryFull(
                 f"{unsaved} finished result(s) could not be written to the request registry (disk "
@@ -354,7 +355,7 @@ class Service:
         False when that key was already taken (a replayed envelope: it never runs twice). Raises what
         submit would (engine not ready, 429 when max_queued are in flight). `owner`: who may read its record
         (the balancer's "fleet:<origin>", which no token hashes to: this node's callers cannot)."""
-        self._require_engine()
+        self._require_engine(lane=Priority(request.priority or Priority.INTERACTIVE))
         with self.requests.registering_one(self._refuse_when_full):
             if not self.registry.insert(
                 key, "async", request.params_dict(), request.metadata, seed, owner=owner, delegation=delegation
@@ -432,7 +433,7 @@ class Service:
         when it failed, as the EdgeLLMError its type stands for. Counted against max_queued like any
         request, never registered: the answer is all there is of it. `disconnected`: the caller's state,
         watched while it waits; once it is gone the task is aborted and Cancelled raised."""
-        self._require_engine(new_work=request.task is EngineTask.EMBED)
+        self._require_engine(new_work=request.task is EngineTask.EMBED, lane=request.priority)
         key = f"task-{uuid.uuid4().hex}"
         request.request_id = key
         request.deadline = time.time() + timeout_s
@@ -491,14 +492,24 @@ class Service:
         """The model's (EngineInfo's); the generic one until the engine has reported."""
         return ChatFormat.from_dict((self.engine.info or {}).get("chat_format") if self.engine else None)
 
-    def _refuse_under_pressure(self) -> None:
-        refusal = self.pressure.refusal() if self.pressure is not None else None
-        if refusal is not None:
-            raise refusal
+    def paused_lanes(self) -> dict[Priority, Pause]:
+        """The lanes that take no new work now, and why (api/lanes.py: heat, then memory)."""
+        memory = self.pressure.state() if self.pressure is not None else None
+        return paused_lanes(memory, self.board.health() if self.board is not None else None)
 
-    def _require_engine(self, *, new_work: bool = True) -> None:
-        """503 unless the engine takes requests; `new_work`: also while memory is short (generation and
-        embeddings allocate; the tokenizer and template tasks do not, so they go on)."""
+    def _refuse_under_pressure(self, lane: Priority | None) -> None:
+        """503 when `lane` is paused (None: a request whose lane is not known yet, refused only once every
+        lane is)."""
+        lane = lane or Priority.REALTIME
+        pause = self.paused_lanes().get(lane)
+        if pause is None:
+            return
+        refusal = self.pressure.refusal() if pause.memory and self.pressure is not None else None
+        raise refusal or thermal_refusal(lane, pause)
+
+    def _require_engine(self, *, new_work: bool = True, lane: Priority | None = None) -> None:
+        """503 unless the engine takes requests; `new_work`: also while `lane` is paused (api/lanes.py:
+        generation and embeddings allocate; the tokenizer and template tasks do not, so they go on)."""
         if self.draining:
             raise EngineUnavailable("the node is shutting down; retry when it is back")
         health = self.engine.health() if self.engine is not None else {"state": "starting"}
@@ -507,7 +518,7 @@ class Service:
             reason = f": {health['last_error']}" if health.get("last_error") else ""
             raise EngineUnavailable(f"engine is {health['state']}{reason}")
         if new_work:
-            self._refuse_under_pressure()
+            self._refuse_under_pressure(lane)
 
     def abort(self, request_id: str) -> None:
         if self.engine is not None:
@@ -728,6 +739,7 @@ class Service:
             "offload": info.get("offload"),
             "media": info.get("media"),
             **({"memory_pressure": self.pressure.state()} if self.pressure is not None else {}),
+            "lanes": lanes_body(self.paused_lanes()),  # which lanes take new work (api/lanes.py)
             # nvpmodel mode and throttled (runtime/board.read_throttling), only what the board exposes
             **({"board": board} if (board := self.board.health() if self.board is not None else {}) else {}),
         }

@@ -297,8 +297,16 @@ def test_the_node_reports_energy_per_answer_and_throttling(tmp_path: Path) -> No
             health = c.get("/health").json()["result"]
             status = c.get("/status").json()["result"]
             metrics = c.get("/metrics").json()["result"]
+            # The hot board sheds its lowest lane first: batch work waits, the others go on.
+            paused = c.post("/predict", json=chat("Name three colors.", max_tokens=16, priority="batch"))
+            realtime = c.post("/predict", json=chat("Name three colors.", max_tokens=16, priority="realtime"))
     finally:
         node.stop()
+    assert paused.status_code == 503 and paused.headers["Retry-After"] == "30", paused.text
+    assert "thermally throttled (gpu-thermal" in paused.json()["result"]["error"]
+    assert realtime.status_code == 200, realtime.text
+    assert health["lanes"]["batch"]["open"] is False and "thermally throttled" in health["lanes"]["batch"]["reason"]
+    assert health["lanes"]["interactive"] == health["lanes"]["realtime"] == {"open": True}
     print(f"node on the Orin fixture at 6 W: timings {timings}, usage {usage}, /metrics energy {metrics['energy']}")
     assert timings["energy_j"] > 0
     assert timings["joules_per_token"] == pytest.approx(timings["energy_j"] / usage["completion_tokens"], abs=2e-3)

@@ -346,6 +346,13 @@ def test_the_node_refuses_new_work_under_memory_pressure_and_finishes_what_it_ha
             r = c.post("/v1/messages", json=openai_shape)
             assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
             assert r.json()["type"] == "error" and r.json()["error"]["type"] == "overloaded_error", r.text
+            # Short memory pauses the interactive and batch lanes; a realtime request still goes (it is a
+            # control loop's, and small): the lowest lanes are shed first.
+            lanes = c.get("/health").json()["result"]["lanes"]
+            assert lanes["realtime"] == {"open": True} and "MemAvailable 200 MiB" in lanes["interactive"]["reason"]
+            assert lanes["batch"]["open"] is False
+            r = c.post("/predict", json={**ask, "priority": "realtime"})
+            assert r.status_code == 200 and r.json()["result"]["TEXT_RESPONSE"][0], r.text
             # What allocates nothing goes on: the tokenizer, the status of accepted work, /status, metrics.
             assert c.post("/tokenize", json={"content": "hello"}).status_code == 200
             assert c.get("/request_status", params={"request_id": rid}).status_code == 200
@@ -365,6 +372,9 @@ def test_the_node_refuses_new_work_under_memory_pressure_and_finishes_what_it_ha
                 assert time.monotonic() < deadline, "the on_critical hooks never reported"
                 time.sleep(0.05)
             assert shed[0].startswith("API process heap trimmed: RSS"), shed
+            r = c.post("/predict", json={**ask, "priority": "realtime"})  # critical: every lane is paused
+            assert r.status_code == 503 and "memory pressure" in r.json()["result"]["error"], r.text
+            assert c.get("/health").json()["result"]["lanes"]["realtime"]["open"] is False
 
             # The request accepted before the pressure ran to its end meanwhile.
             deadline = time.monotonic() + 120
