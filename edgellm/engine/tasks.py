@@ -119,6 +119,8 @@ class Tasks:
         outranks = generating is not None and jobs[0].request.priority.rank < generating.rank
         if generating is not None and self.credit_s <= 0 and not outranks:
             return outputs
+        if outranks:  # without credit: only what outranks the generating lanes
+            jobs = [j for j in jobs if j.request.priority.rank < generating.rank]
         batch = self._next_batch(jobs, BUSY_BATCH_CELLS if generating is not None else self.embed_ctx)
         t0 = time.perf_counter()
         self._run(batch, outputs)
