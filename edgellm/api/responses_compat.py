@@ -697,10 +697,8 @@ def response_body(resp: StoredResponse) -> dict[str, Any]:
         "status": status,
         "background": False,
         "error": error,
-        # "deadline": edgellm's deadline_ms ended it (OpenAI names only its own two reasons).
-        "incomplete_details": {"reason": "deadline" if finish == "deadline" else "max_output_tokens"}
-        if status == "incomplete"
-        else None,
+        # deadline_ms ends it as max_output_tokens does: the Responses API's reasons are a closed set.
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": meta.get("instructions"),
         "max_output_tokens": meta.get("max_output_tokens"),
         "max_tool_calls": meta.get("max_tool_calls"),

@@ -439,6 +439,7 @@ def test_message_body_blocks_and_stop_reasons():
     }
     plain = {"role": "assistant", "content": "Hi"}
     assert ac.message_body("a", MODEL, completion(plain, "length"))["stop_reason"] == "max_tokens"
+    assert ac.message_body("a", MODEL, completion(plain, "deadline"))["stop_reason"] == "max_tokens"  # deadline_ms
     assert ac.message_body("a", MODEL, completion(plain, "stop"))["stop_reason"] == "end_turn"
     one = ac.message_body("a", MODEL, completion(plain, "stop"), by_stop_string=True, stop_sequences=("END",))
     assert (one["stop_reason"], one["stop_sequence"]) == ("stop_sequence", "END")

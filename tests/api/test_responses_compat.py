@@ -338,6 +338,10 @@ def test_cut_and_failed_responses():
     r = sdk.Response.model_validate(body)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.output[0].status == "incomplete" and r.output_text == "abc"
+    # deadline_ms ended it: incomplete, under the one reason the API has for a cut answer
+    body = rc.response_body(stored(chat, req, {"role": "assistant", "content": "ab"}, finish="deadline"))
+    r = sdk.Response.model_validate(body)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.output_text == "ab"
     failed = rc.stored_response(Record(req.meta, chat.params_dict(), None, "failed", error="boom", error_type="x"))
     r = sdk.Response.model_validate(rc.response_body(failed))
     assert r.status == "failed" and r.error.message == "boom" and r.output == [] and r.usage is None
