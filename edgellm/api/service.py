@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -162,6 +163,7 @@ class Service:
         # Engine tasks that take no slot and keep no record (embeddings, tokenizer, template): their
         # final output resolves the future (run_task), nothing else reads it.
         self._tasks: dict[str, asyncio.Future] = {}
+        self._outputs_lock = threading.RLock()  # on_engine_outputs: one reader thread a model
         self._models: dict[str, str] = {}  # request key -> the model it named (not the default), until its end
         # Request balancing between nodes (fleet/balancer.py), set by a Ratio1 plugin in a balancing group.
         self.delegator: Delegator | None = None
@@ -527,7 +529,13 @@ class Service:
     # -- engine outputs (called from the engine's reader thread) --------------------------------
     def on_engine_outputs(self, outs: list[EngineOutput]) -> None:
         """One engine message: deltas go to their streams; finals are stored in one transaction, then
-        their waiters are resolved with the delivered outcome (no re-read of SQLite)."""
+        their waiters are resolved with the delivered outcome (no re-read of SQLite). Each loaded model's
+        worker has a reader thread that calls this: one message at a time, as the output processor's
+        per-request state (text so far, stop matching) is not made for two threads."""
+        with self._outputs_lock:
+            self._on_engine_outputs(outs)
+
+    def _on_engine_outputs(self, outs: list[EngineOutput]) -> None:
         finals: list[Outcome] = []
         if self._tasks:
             for out in [o for o in outs if o.finished and o.request_id in self._tasks]:
