@@ -32,6 +32,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from bench_vs_llama_server import (
     on_signal,
     run_main,
     stop_all,
+    write_results,
 )
 
 REALTIME_EVERY_S = 0.5
@@ -159,6 +161,28 @@ def summary(values: list[float]) -> dict:
     return {"p50_s": statistics.median(ordered), "p99_s": p99, "max_s": ordered[-1]}
 
 
+def run_watching(server: Server, bodies: list[dict], reading: Callable[[], int]) -> tuple[list[httpx.Response], int]:
+    """Send `bodies` at once; the answers, and the most `reading()` gave while they ran (polled)."""
+    most, done = 0, threading.Event()
+
+    def watch() -> None:
+        nonlocal most
+        while not done.is_set():
+            try:
+                most = max(most, reading())
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda b: chat(server, b), bodies))
+    done.set()
+    watcher.join(5)
+    return answers, most
+
+
 # -- (b) context ----------------------------------------------------------------------------------
 def context_limits(server: Server) -> dict:
     settle(server)
@@ -177,20 +201,6 @@ def context_limits(server: Server) -> dict:
     else:
         long_prompt["error"] = r.text[:300]
     # 4 distinct ~2,000-token prompts at once: how many run together.
-    seen = 0
-    done = threading.Event()
-
-    def watch() -> None:
-        nonlocal seen
-        while not done.is_set():
-            try:
-                seen = max(seen, busy_slots(server))
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
     bodies = [
         {
             "messages": [{"role": "user", "content": f"Log {k}. " + text_of(server, 2000)}],
@@ -199,10 +209,8 @@ def context_limits(server: Server) -> dict:
         }
         for k in range(4)
     ]
-    with ThreadPoolExecutor(4) as pool:
-        codes = [r.status_code for r in pool.map(lambda b: chat(server, b), bodies)]
-    done.set()
-    watcher.join(5)
+    answers, seen = run_watching(server, bodies, lambda: busy_slots(server))
+    codes = [r.status_code for r in answers]
     return {"longest_prompt": limit, "prompt_3000": long_prompt, "four_2k": {"statuses": codes, "most_at_once": seen}}
 
 
@@ -224,24 +232,7 @@ def shared_prompt_cells(server: Server) -> dict:
     ]
     # One first, alone: the shared prefix is then cached, as a system prompt is on a node that has served.
     first = chat(server, bodies[0])
-    most, done = 0, threading.Event()
-
-    def watch() -> None:
-        nonlocal most
-        while not done.is_set():
-            try:
-                if busy_slots(server) == SLOTS:
-                    most = max(most, held_cells(server))
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    with ThreadPoolExecutor(SLOTS) as pool:
-        results = list(pool.map(lambda b: chat(server, b), bodies))
-    done.set()
-    watcher.join(5)
+    results, most = run_watching(server, bodies, lambda: held_cells(server) if busy_slots(server) == SLOTS else 0)
     prompt_tokens = first.json()["usage"]["prompt_tokens"] if first.status_code == 200 else None
     return {
         "prompt_tokens": prompt_tokens,
@@ -331,12 +322,7 @@ def main() -> int:
                 results[name] = part
             finally:
                 server.stop()
-    table = report(results)
-    print("\n" + table, flush=True)
-    results["table"] = table
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1, default=str))
-        print(f"results: {args.out}")
+    write_results(results, report(results), args.out)
     return 0
 
 

@@ -657,13 +657,17 @@ def main() -> int:
     if bench_bin and not args.no_batched_bench:
         bench = batched_bench(bench_bin, model, SLOTS, 128, 128)
     results["batched_bench"] = bench
-    table = report(results, bench)
+    write_results(results, report(results, bench), args.out)
+    return 0
+
+
+def write_results(results: dict, table: str, out: str | None) -> None:
+    """Print the table; with `out`, write the results (the table in them) there as JSON."""
     print("\n" + table, flush=True)
     results["table"] = table
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1, default=str))
-        print(f"results: {args.out}")
-    return 0
+    if out:
+        Path(out).write_text(json.dumps(results, indent=1, default=str))
+        print(f"results: {out}")
 
 
 def run_main(main: Callable[[], int]) -> None:
