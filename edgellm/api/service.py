@@ -217,28 +217,35 @@ class Service:
         return self.config.model_name
 
     # -- submit ------------------------------------------------------------------------------
-    async def parse(self, body: Any, disconnected: Callable[[], Awaitable[bool]] | None = None) -> ChatRequest:
+    async def parse(
+        self, body: Any, disconnected: Callable[[], Awaitable[bool]] | None = None, *, owner: str | None = None
+    ) -> ChatRequest:
         """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits.
-        `disconnected`: the client's state, for dropping a guide check nobody waits for."""
+        `disconnected`: the client's state, for dropping a guide check nobody waits for; `owner`: the
+        caller, whose token's lane the request runs in (api/auth.py)."""
         request = parse_chat_request(body, **self.config.limits())
         request = model_routes.route(request, self.config.routes(), strict=False)
         await self.check_engine_limits(request, disconnected)
-        return await self._load_media(request)
+        return await self._load_media(self._in_lane(request, owner))
 
     async def parse_openai(
-        self, body: Any, disconnected: Callable[[], Awaitable[bool]] | None = None
+        self, body: Any, disconnected: Callable[[], Awaitable[bool]] | None = None, *, owner: str | None = None
     ) -> tuple[ChatRequest, OpenAIOptions]:
         """An OpenAI chat-completions body -> a validated request and the response options."""
         request, opts = parse_openai_request(body, self.config.model_ids(), **self.config.limits())
         request = model_routes.route(request, self.config.routes(), strict=True)
         await self.check_engine_limits(request, disconnected)
-        return await self._load_media(request), opts
+        return await self._load_media(self._in_lane(request, owner)), opts
+
+    def _in_lane(self, request: ChatRequest, owner: str | None) -> ChatRequest:
+        """The request in the lane its caller may have: the one it asked for, never above its token's."""
+        return request.model_copy(update={"priority": self.auth.lane(owner, request.priority)})
 
     async def _load_media(self, request: ChatRequest) -> ChatRequest:
         if not request.has_media:
             return request
         self._refuse_when_full()  # before decoding: pixels are memory
-        self._refuse_under_pressure(Priority(request.priority) if request.priority else None)
+        self._refuse_under_pressure(Priority(request.priority or Priority.INTERACTIVE))  # a paused lane's too
         return await asyncio.to_thread(load_media, request, self.config, self.media_caps())
 
     def _refuse_when_full(self) -> None:
@@ -313,7 +320,7 @@ class Service:
         Raises 429 (too much in flight), 503 (engine not ready), 400 (duplicate id), 507 (disk full).
         """
         # Its token's lane at most (api/auth.py), stored with it (a restart re-admits it in the same lane).
-        request = request.model_copy(update={"priority": self.auth.lane(owner, request.priority)})
+        request = self._in_lane(request, owner)
         self._require_engine(lane=Priority(request.priority))
         if unsaved := len(self.requests.unsaved()):
             raise RegistryFull(
@@ -340,7 +347,8 @@ class Service:
 
     def _hand_over(self, key: str, request: ChatRequest, seed: int, *, mode: str, stream: bool) -> None:
         """To this node's engine, or (a balancing group, the local queue past its limit) to a peer."""
-        if not stream and self.delegator is not None:
+        # A request with a deadline_ms stays here: a peer would count it from its own arrival.
+        if not stream and self.delegator is not None and request.deadline_ms is None:
             try:
                 if self.delegator.delegate(key, request, seed, mode):
                     return

@@ -73,7 +73,7 @@ from edgellm.batch.http_client import answer_outcome, wire_body
 from edgellm.batch.inputs import COMPLETIONS_URL, EMBEDDINGS_URL, url_of
 from edgellm.batch.transport import Deliver
 from edgellm.engine.config import ModelConfig
-from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
+from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, Priority
 from edgellm.errors import EdgeLLMError, WaitTimeout, error_from
 from edgellm.media.types import MediaCaps
 from edgellm.phases import CLOSING, decoding_reporter
@@ -179,6 +179,7 @@ class LocalTransport:
         # The route's budget is the node's default timeout, from arrival; here from when the engine queues it.
         call.request.request_id = f"task-{uuid.uuid4().hex}"
         call.request.timeout_s = self.config.default_timeout_s
+        call.request.priority = Priority(call.priority or Priority.BATCH)  # a file job's lane, as its chat lines
         return call
 
     def _embedding_line(self, rid: Any, call: EmbeddingsCall, out: EngineOutput) -> dict[str, Any]:
@@ -200,11 +201,13 @@ class LocalTransport:
         request_id = uuid.uuid4().hex  # as Service.submit: the response id is chatcmpl-<it> (cmpl-<it>)
         seed = chat.seed if chat.seed is not None else secrets.randbits(64)
         # The node's deadline counts from a request's arrival; here every request is handed over at
-        # once, so its budget counts from when the engine queues it.
+        # once, so its budget counts from when the engine queues it. A deadline_ms has no meaning for a
+        # line that waits for the file's earlier lines: it is not applied.
         request = replace(
             engine_request(request_id, chat, seed, created_at=0.0, chat_format=self.engine.model.chat_format),
             deadline=None,
             timeout_s=chat.timeout,
+            answer_by=None,
         )
         return request_id, request
 

@@ -59,7 +59,7 @@ def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
         body = await read_json_body(request, max_body_bytes)
         translated, opts, origins = ac.to_openai(body, service.config.model_ids(), count=count)
         try:
-            chat, _ = await service.parse_openai(translated, request.is_disconnected)
+            chat, _ = await service.parse_openai(translated, request.is_disconnected, owner=owner)
         except EdgeLLMError as exc:
             raise ac.rename_error(exc, origins) from None
         return owner, chat, opts

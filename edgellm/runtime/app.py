@@ -336,7 +336,7 @@ def create_app(
     async def submit(request: Request, mode_name: str):
         body = await read_body(request)
         owner = authenticate(request, body)
-        chat = await service.parse(body, request.is_disconnected)
+        chat = await service.parse(body, request.is_disconnected, owner=owner)
         return chat, await service.submit(chat, mode=mode_name, owner=owner)
 
     async def predict(request: Request) -> JSONResponse:

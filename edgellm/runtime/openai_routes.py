@@ -53,7 +53,7 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
         try:
             owner = authenticate(service, request)  # the header alone: no body read without it
             body = await read_json_body(request, max_body_bytes)
-            chat, opts = await service.parse_openai(body, request.is_disconnected)
+            chat, opts = await service.parse_openai(body, request.is_disconnected, owner=owner)
             if not opts.stream:
                 request_id = await service.submit(chat, mode="sync", owner=owner)
                 # named in the 503 if shutdown cuts the wait (as its caller knows it)

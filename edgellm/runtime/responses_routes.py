@@ -67,7 +67,7 @@ def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
                 earlier = rc.history(prev)
             chat_body, sources = rc.chat_body(req, earlier)
             try:
-                chat, _ = await service.parse_openai(chat_body, request.is_disconnected)
+                chat, _ = await service.parse_openai(chat_body, request.is_disconnected, owner=owner)
             except EdgeLLMError as exc:
                 raise rc.translate_error(exc, sources) from None
             # What the response object echoes rides in the record's metadata (the chat route keeps none).

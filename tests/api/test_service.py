@@ -139,3 +139,26 @@ async def test_a_request_runs_in_its_tokens_lane_and_the_lane_is_stored(tmp_path
     assert [r.priority for r in engine.submitted] == [Priority.REALTIME, Priority.BATCH, Priority.BATCH]
     stored = [service.registry.get(r.request_id).params["priority"] for r in engine.submitted]
     assert stored == ["realtime", "batch", "batch"]  # what a restarted node re-admits them in
+
+
+async def test_a_request_with_a_deadline_is_never_delegated(tmp_path):
+    service, engine = make_service(tmp_path)
+
+    class Peer:  # a balancer that would take every request (fleet/balancer.py decides for real)
+        taken: list[str] = []
+
+        def delegate(self, key, request, seed, mode) -> bool:
+            self.taken.append(key)
+            return True
+
+        def result_fields(self, key):
+            return {}
+
+        def state(self):
+            return {}
+
+    service.delegator = Peer()
+    await service.submit(chat(deadline_ms=500), mode="async")
+    assert not Peer.taken and len(engine.submitted) == 1  # run here: a peer would restart its clock
+    await service.submit(chat(), mode="async")
+    assert len(Peer.taken) == 1

@@ -111,6 +111,16 @@ def test_seed_example_runs_locally(model_path, tmp_path):
     assert "2 ok, 0 failed" in r.stderr
 
 
+def test_a_lines_deadline_is_not_applied_when_the_whole_file_is_queued_at_once(model_path, tmp_path):
+    # Every line is handed to the engine at once: a deadline counted from that would cut the later lines.
+    src = write(tmp_path / "in.json", [{**good("late", "Say hello.", max_tokens=8), "deadline_ms": 60_000}])
+    out = tmp_path / "results.jsonl"
+    r = batch_run(str(src), "-o", str(out), "--local", "--model", model_path, "-q")
+    assert r.returncode == 0, r.stderr
+    (line,) = lines(out)
+    assert line["status"] == "ok" and line["response"]["choices"][0]["finish_reason"] in ("stop", "length"), line
+
+
 # Good requests at temperature 0, and what the node refuses or fails, one of each kind of answer.
 MIXED = [
     good("hello", "Say hello."),
