@@ -16,7 +16,7 @@
 # EDGELLM_LLAMA_CMAKE_ARGS, when set, replaces the chosen flags (set it to "" for llama.cpp's own default,
 # e.g. to turn AMX back on once upstream fixes it).
 #
-# The build is identified by KEY = sha256(llama-cpp-python version, architecture, CMAKE_ARGS, for a native
+# The build is identified by KEY = sha256(llama-cpp-python version, architecture, CMAKE_ARGS, the patch, for a native
 # build the CPU's ISA flags from /proc/cpuinfo, for a CUDA "native" build the GPU's compute capability and
 # nvcc's version): a wheel made with other flags, or for another CPU or GPU, is never reused.
 # Wheels live in ${EDGELLM_WHEEL_ROOT:-$HOME/.cache/edgellm/wheels}/llama-cpp-python-<version>-<KEY>/, built
@@ -37,6 +37,9 @@ MACHINE="${EDGELLM_MACHINE:-$(uname -m)}"   # tests fake another architecture wi
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 WHEEL_ROOT="${EDGELLM_WHEEL_ROOT:-$HOME/.cache/edgellm/wheels}"
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+# edgellm's changes to the vendored llama.cpp (applied to the sdist before building; part of KEY):
+# in-order KV placement in a unified cache and the one-row flash-attention kernel (the patch says why).
+PATCH="$REPO/tools/llama_cpp/edgellm.patch"
 
 log() { echo "engine_wheel: $*" >&2; }
 die() { log "$*"; exit 2; }
@@ -105,7 +108,8 @@ choose_flags() {   # sets DEVICE, CUDA_ARCH, CMAKE_ARGS, CUDACXX, KEY
         gpu="$gpu $("$CUDACXX" --version 2>/dev/null | tail -n 1 || true)"
     fi
     KEY="$({ printf '%s\n%s\n%s\n%s\n' "$LLAMA_CPP_VERSION" "$MACHINE" "$CMAKE_ARGS" "$cpu"
-             [ -z "$gpu" ] || printf '%s\n' "$gpu"; } | sha256sum | cut -c1-16)"
+             [ -z "$gpu" ] || printf '%s\n' "$gpu"
+             cat "$PATCH"; } | sha256sum | cut -c1-16)"
 }
 
 print_flags() {
@@ -134,10 +138,19 @@ build_wheel() {   # build_wheel PYTHON: prints the wheel's path
     log "building llama-cpp-python ${LLAMA_CPP_VERSION} for ${DEVICE} with CMAKE_ARGS=${CMAKE_ARGS:-<llama.cpp default>}"
     log "(about 10 minutes on 2 cores, 10-40 on a Jetson; kept in ${dir})"
     [ -z "$CUDACXX" ] || export PATH="${CUDA_HOME}/bin:$PATH"
+    "$python" -m pip download --quiet --no-cache-dir --no-deps --no-binary :all: -d "$tmp/src" \
+        "llama-cpp-python==${LLAMA_CPP_VERSION}" >&2 || die "could not download the llama-cpp-python sdist"
+    tar -xzf "$tmp"/src/llama_cpp_python-*.tar.gz -C "$tmp/src"
+    local src; src="$(echo "$tmp"/src/llama_cpp_python-"${LLAMA_CPP_VERSION}")"
+    if command -v patch >/dev/null; then
+        patch --quiet --forward -p1 -d "$src/vendor/llama.cpp" < "$PATCH" >&2 || die "$PATCH does not apply"
+    else
+        (cd "$src/vendor/llama.cpp" && GIT_CEILING_DIRECTORIES="$tmp" git apply -p1 "$PATCH") >&2 \
+            || die "$PATCH does not apply"
+    fi
     if ! CMAKE_ARGS="$CMAKE_ARGS" CUDACXX="$CUDACXX" FORCE_CMAKE=1 \
             CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}" \
-            "$python" -m pip wheel --quiet --no-cache-dir --no-deps --no-binary llama-cpp-python \
-            -w "$tmp" "llama-cpp-python==${LLAMA_CPP_VERSION}" >&2; then
+            "$python" -m pip wheel --quiet --no-cache-dir --no-deps -w "$tmp" "$src" >&2; then
         die "the llama-cpp-python build failed (see above); flags: ${CMAKE_ARGS:-<default>}"
     fi
     "$python" - "$tmp/build.json" "$LLAMA_CPP_VERSION" "$DEVICE" "$CUDA_ARCH" "$CMAKE_ARGS" "$KEY" <<'PY'
@@ -147,6 +160,7 @@ json.dump({"package": "llama-cpp-python", "version": version, "device": device, 
            "cmake_args": args, "key": key, "machine": platform.machine(),
            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, open(path, "w"), indent=1)
 PY
+    rm -rf "$tmp/src"
     touch "$tmp/.complete"
     mv -T "$tmp" "$dir"
     trap - EXIT

@@ -1,18 +1,22 @@
 #!/usr/bin/env python
-"""Does llama.cpp's output for a sequence depend on where its cells sit in one unified KV pool?
+"""Does the engine's output for a sequence depend on where its cells sit in one unified KV pool, or on what
+else its steps decode?
 
-Why the engine's default is each slot its own KV stream (kv_unified false, README "one KV pool"): with
-llama-cpp-python 0.3.36, a sequence whose later tokens land in cells *before* its earlier ones (what holes
-left by finished requests make routine in a shared pool) gets logits far from those of the same tokens
-placed in order (measured on the bundled model: up to ~1.0, with f32 or f16 caches, flash attention on or
-off), while any in-order placement is bit-identical. Run it after a llama.cpp bump: exit 0 when every
-placement gives the same logits (then the pool could be the default again), 1 when they differ.
+Stock llama-cpp-python 0.3.36 says yes, in three ways (measured on the bundled model): a sequence whose later
+tokens land in cells *before* its earlier ones (what holes left by finished requests make routine in a
+shared pool) gets logits up to ~1.0 apart; and the CPU flash-attention kernel is picked by the whole batch's
+shape (a tiled kernel for 64+ query rows, a KV-split one for a lone row over 512+ cells, a row kernel
+otherwise), each summing in another order. The engine's build patches both (tools/llama_cpp/edgellm.patch:
+each token after its sequence's cells; the row kernel always), and this check proves it: exit 0 when every
+case gives bit-identical logits, 1 when any differs. Run it after a llama.cpp bump or a patch change.
 
     .venv/bin/python tools/kv_layout_check.py [--model PATH] [--kv f16|q8_0|f32] [--no-flash-attn]
 
-It drives the engine's LlamaModel directly: a prompt and a fixed continuation, decoded (a) alone at the
-start of the pool, (b) after another sequence's cells, (c) with the continuation in a hole before the
-prompt's cells. It loads a model: run it alone (flock /tmp/edgellm-cpu.lock ...).
+It drives the engine's LlamaModel directly: a prompt of 100+ tokens and a fixed continuation decoded token
+by token (a) alone at the start of the pool, (b) after 600 cells of another sequence, (c) with a hole left
+before the prompt's cells when the continuation is decoded, (d) beside another sequence decoding in the
+same steps, and (e) re-fed in one batch with the prompt (how a preempted request resumes): the last logits
+of (e) must equal those of (a). It loads a model: run it alone (flock /tmp/edgellm-cpu.lock ...).
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from edgellm.engine.model import LlamaModel, ModelConfig  # noqa: E402
 from edgellm.runtime.settings import bundled_model_path  # noqa: E402
 
-PROMPT = "<|im_start|>user\nName a colour and an animal.<|im_end|>\n<|im_start|>assistant\n"
+PROMPT = (
+    "<|im_start|>system\nYou are a careful assistant who answers in one short sentence, naming things plainly "
+    "and never adding a list, a heading or a question of your own. Keep to what was asked.<|im_end|>\n"
+    "<|im_start|>user\nName a colour and an animal, and say where the animal lives.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 CONTINUATION = " The colour blue and the animal whale are both found in the ocean deep"
-FILLER = "hello world " * 30
+FILLER = "hello world " * 300
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,41 +52,81 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     path = args.model or bundled_model_path()
-    config = ModelConfig(
-        path=path, n_ctx=2048, n_slots=4, kv_unified=True, kv_cache_type=args.kv, flash_attn=not args.no_flash_attn
-    )
-    m = LlamaModel(config)
+    same = {}
+    for invariant in (True, False):
+        config = ModelConfig(
+            path=path,
+            n_ctx=2048,
+            n_slots=4,
+            kv_unified=True,
+            kv_cache_type=args.kv,
+            flash_attn=not args.no_flash_attn,
+            batch_invariant=invariant,
+        )
+        same[invariant] = check(LlamaModel(config), args)
+    # The guarantee is batch_invariant's; the default kernels are reported, not judged.
+    return 0 if same[True] else 1
+
+
+def check(m: LlamaModel, args: argparse.Namespace) -> bool:
     try:
         prompt, continuation, filler = m.tokenize(PROMPT), m.tokenize(CONTINUATION), m.tokenize(FILLER)
         n = len(prompt)
 
         def prefill(seq: int, tokens: list[int]) -> np.ndarray:
-            wanted = [False] * (len(tokens) - 1) + [True]
-            return m.decode(tokens, list(range(len(tokens))), [seq] * len(tokens), wanted)[-1].copy()
+            for start in range(0, len(tokens), m.n_batch):  # in n_batch chunks, as the engine prefills
+                chunk = tokens[start : start + m.n_batch]
+                wanted = [start + len(chunk) == len(tokens)] * len(chunk)
+                rows = m.decode(chunk, list(range(start, start + len(chunk))), [seq] * len(chunk), wanted)
+            return rows[-1].copy()
 
         def generate(seq: int) -> list[np.ndarray]:
             return [m.decode([t], [n + i], [seq], [True])[-1].copy() for i, t in enumerate(continuation)]
 
+        def clear() -> None:
+            for seq in range(4):
+                m.trim_sequence(seq, 0)
+
         alone = [prefill(0, prompt), *generate(0)]  # (a) cells 0.. in order
-        m.trim_sequence(0, 0)
+        clear()
         prefill(1, filler)
-        after = [prefill(2, prompt), *generate(2)]  # (b) after another sequence's cells, in order
-        m.trim_sequence(2, 0)
+        after = [prefill(2, prompt), *generate(2)]  # (b) after another sequence's 600 cells
+        clear()
+        prefill(1, filler[:40])
         prefill(2, prompt)
-        m.trim_sequence(1, 0)  # a hole before the prompt's cells
-        m.trim_sequence(2, n - 1)  # the last prompt token and the continuation go into the hole
-        hole = [m.decode(prompt[-1:], [n - 1], [2], [True])[-1].copy(), *generate(2)]  # (c)
+        m.trim_sequence(1, 0)  # (c) a hole before the prompt's cells when the continuation comes
+        m.trim_sequence(2, n - 1)
+        hole = [m.decode(prompt[-1:], [n - 1], [2], [True])[-1].copy(), *generate(2)]
+        clear()
+        prefill(1, filler)  # (d) beside a sequence that decodes in the same steps
+        prefill(3, filler[:200])
+        beside = [prefill(2, prompt)]
+        for i, t in enumerate(continuation):
+            rows = m.decode([t, filler[200 + i]], [n + i, 200 + i], [2, 3], [True, True])
+            beside.append(rows[0].copy())
+        clear()
+        refed = prefill(2, prompt + continuation)  # (e) re-fed at once, as a preempted request resumes
+        clear()
 
         def worst(a: list[np.ndarray], b: list[np.ndarray]) -> float:
             return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
 
-        in_order, out_of_order = worst(alone, after), worst(alone, hole)
-        print(f"llama-cpp-python {llama_cpp.__version__}: kv {args.kv}, flash attention {not args.no_flash_attn}")
-        print(f"  in order, after another sequence: largest logit difference {in_order:.6f}")
-        print(f"  continuation in a hole before the prompt's cells: largest logit difference {out_of_order:.6f}")
-        same = in_order == 0.0 and out_of_order == 0.0
-        print("same logits in every placement" if same else "logits depend on where the cells sit")
-        return 0 if same else 1
+        cases = {
+            "(b) after another sequence's cells": worst(alone, after),
+            "(c) a hole before its cells": worst(alone, hole),
+            "(d) beside another sequence in every step": worst(alone, beside),
+            "(e) prompt and continuation re-fed in one batch": worst(alone[-1:], [refed]),
+        }
+        kernels = "row kernel only (batch_invariant)" if m.config.batch_invariant else "llama.cpp's kernels by shape"
+        print(
+            f"llama-cpp-python {llama_cpp.__version__}: kv {args.kv}, flash attention {not args.no_flash_attn}, "
+            f"{kernels}"
+        )
+        for name, diff in cases.items():
+            print(f"  {name}: largest logit difference {diff:.6f}")
+        same = all(d == 0.0 for d in cases.values())
+        print("  same logits in every case" if same else "  logits depend on placement or batch")
+        return same
     finally:
         m.close()
 

@@ -11,15 +11,21 @@ class ModelConfig:
     path: str
     n_ctx: int = 8192  # cells of the KV cache
     n_slots: int = 8  # sequences decoding at once
-    # False: each slot owns n_ctx / n_slots cells, and a request's output never depends on what it is
-    # batched beside. True: one KV pool every sequence draws from (any request up to the whole of it, shared
-    # prefixes stored once, preemption when it is full), where llama.cpp's output for a sequence depends on
-    # where its cells sit among the others' (README "one KV pool": measured, up to 1 apart in a logit).
+    # False: each slot owns n_ctx / n_slots cells. True: one KV pool every sequence draws from (any request up
+    # to the whole of it, shared prefixes stored once, preemption when it is full; each token after its
+    # sequence's cells: tools/llama_cpp/edgellm.patch). With batch_invariant off, outputs in a pool depend on
+    # what else runs (README "one KV pool").
     kv_unified: bool = False
     n_batch: int = 512
     n_threads: int = 0  # 0 = all free cores
     n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
     flash_attn: bool = True
+    # True: CPU attention runs llama.cpp's row kernel only (tools/llama_cpp/edgellm.patch), so a sequence's
+    # logits are bit-identical whatever else its steps decode and wherever its cells sit, and a preempted
+    # request continues exactly; prompts prefill slower (no tiled kernel: README "batch invariance").
+    # False: llama.cpp's kernels by batch shape (prefill 1.2-4x faster on CPU; in a pool, outputs vary with
+    # load by up to ~1 logit).
+    batch_invariant: bool = False
     kv_cache_type: str = "f16"  # or "q8_0": half the KV memory (needs flash attention for V)
     # True: the thread count follows the cores other processes leave free (engine/cpu_share.py), at
     # most n_threads; False: always n_threads.

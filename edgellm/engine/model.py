@@ -31,6 +31,17 @@ from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
+
+# The patched llama.cpp's switch to its row attention kernel (ModelConfig.batch_invariant).
+ROW_KERNEL_ENV = "EDGELLM_FA_ROW_KERNEL"
+
+
+class KvNoRoom(EngineError):
+    """llama_decode placed nothing: a sequence of the batch has no free cell after its own last one (a
+    unified pool keeps each sequence's cells in position order: tools/llama_cpp/edgellm.patch), or the
+    pool is full. The cache is as it was; the scheduler frees cells (preempts) and decodes the rest."""
+
+
 # SmolLM2 and most instruct GGUFs carry a template; ChatML is the fallback for the few that don't.
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -567,7 +578,10 @@ class LlamaModel(Vocabulary):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = seq_ids[i]
             b.logits[i] = 1 if want_logits[i] else 0
+        self.select_attention_kernel()
         rc = L.llama_decode(self.ctx, b)
+        if rc == 1 and self.unified:
+            raise KvNoRoom("llama_decode found no KV cells for the batch (returned 1)")
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
         n_out = sum(1 for w in want_logits if w)
@@ -592,6 +606,14 @@ class LlamaModel(Vocabulary):
         out = src.copy()
         self._logits_spare = out if n_out <= 32 else None
         return out
+
+    def select_attention_kernel(self) -> None:
+        """Before each decode of this model's context: the CPU attention kernel its config asks for. The
+        patched llama.cpp reads EDGELLM_FA_ROW_KERNEL at each call (tools/llama_cpp/edgellm.patch); a
+        process-wide variable, so it is set for the model about to decode (tests hold several)."""
+        want = "1" if self.config.batch_invariant else "0"
+        if os.environ.get(ROW_KERNEL_ENV) != want:
+            os.environ[ROW_KERNEL_ENV] = want
 
     def trim_sequence(self, seq_id: int, keep: int) -> bool:
         """Drop every cached position >= keep of one sequence (keep=0 clears it).

@@ -36,7 +36,7 @@ from edgellm.engine.draft import EXPLORE_DRAFT, MAX_DRAFT, Acceptance, best_leng
 from edgellm.engine.draft_model import DraftAsk, DraftModel
 from edgellm.engine.guide_llguidance import Guide, GuideBackend
 from edgellm.engine.kv_pool import KvPool
-from edgellm.engine.model import LlamaModel, raw_prompt_text
+from edgellm.engine.model import KvNoRoom, LlamaModel, raw_prompt_text
 from edgellm.engine.prefix_store import PrefixStore
 from edgellm.engine.prepared import PrepareExecutor
 from edgellm.engine.projector import MediaCollector, Projector
@@ -78,6 +78,9 @@ RETRY_TEMPERATURE = 0.7
 # Cells kept free for each generating slot when a request is admitted or resumed: without it, an admission
 # that just fits would be preempted again a step later, when the running slots grow.
 GROWTH_RESERVE = 16
+# _decode's mark for a sequence whose tokens found no KV cell after its own (model.KvNoRoom): it is paused
+# and re-prefilled, not failed.
+NO_ROOM = "no free KV cell after the sequence's own"
 
 
 class Scheduler:
@@ -186,8 +189,8 @@ class Scheduler:
             raise InvalidRequest("the prompt is empty: there is no token to start generating from")
         if len(prompt) > room:
             raise ContextLengthExceeded(
-                f"prompt is {len(prompt)} tokens but a request may hold at most {room} ({self.model.limit_reason()}); "
-                "shorten the messages"
+                f"prompt is {len(prompt)} tokens but a request may hold at most {room} (the KV pool has "
+                f"{self.model.n_ctx} cells; the model was trained for {self.model.n_ctx_train}); shorten the messages"
             )
         media = collector.spans(prompt) if collector is not None else []
         if media and media[-1].end == len(prompt):
@@ -325,6 +328,8 @@ class Scheduler:
             self.stats.prompt_tokens += span.n_tokens
             self._sync_cells(slot)
         for seq_id, error in failed.items():
+            if error is NO_ROOM:
+                continue  # paused below, once this step's bookkeeping no longer reads its slot
             slot = self.slots[seq_id]
             log.error("decode failed for slot %d (request %s): %s", seq_id, slot.request_id, error)
             self._emit(outputs, self._finish(slot, Finish(FinishReason.ERROR, error, "engine_error")))
@@ -369,6 +374,13 @@ class Scheduler:
             slot.state = SlotState.DECODE
             if slot.request.stream and (delta := slot.take_delta(final=False)) is not None:
                 outputs.append(delta)
+        for seq_id, error in failed.items():
+            if error is NO_ROOM:
+                # Its tokens were not decoded: paused, it is re-prefilled (in order, where cells are free)
+                # and goes on exactly where it was.
+                slot = self.slots[seq_id]
+                slot.refit = True
+                self._preempt(slot, "no free KV cell after its own (the pool is fragmented)")
         return outputs
 
     def _propose_drafts(self) -> None:
@@ -552,6 +564,7 @@ class Scheduler:
         slot, span = plan.media
         t0 = time.perf_counter()
         try:
+            self.model.select_attention_kernel()
             slot.media_next_pos, encode_s = self.projector.decode_into(
                 self.model.ctx, span, slot.seq_id, slot.n_past, self.model.n_batch
             )
@@ -593,6 +606,16 @@ class Scheduler:
                     [seqs[i] for i in idx],
                     [want[i] for i in idx],
                 )
+            except KvNoRoom:
+                # A sequence with no free cell after its own: decode the others (split by sequence, so no
+                # sequence's tokens are decoded in part), pause the ones that fit nowhere (update_from_output).
+                in_batch = list(dict.fromkeys(seqs[i] for i in idx))
+                if len(in_batch) == 1:
+                    failed[in_batch[0]] = NO_ROOM
+                    continue
+                half = set(in_batch[len(in_batch) // 2 :])
+                parts += [[i for i in idx if seqs[i] in half], [i for i in idx if seqs[i] not in half]]
+                continue
             except EngineError as exc:
                 if len(idx) == 1:
                     failed[seqs[idx[0]]] = exc.message
@@ -896,9 +919,11 @@ class Scheduler:
         """Put a preempted request back into an idle slot's sequence: it prefills its prompt and the
         tokens it had generated (sharing what it can), then decodes on from its pending tokens. False when
         that does not fit in the pool yet."""
-        reused, slot = self._take_prefix(paused.feed, paused.media, idle, paused.request.cache_lookup)
+        lookup = paused.request.cache_lookup and not paused.refit
+        reused, slot = self._take_prefix(paused.feed, paused.media, idle, lookup)
         if slot is None:
             return False
+        paused.refit = False
         if self.draft_model is not None:
             self.draft_model.keep_prefix(slot.seq_id, reused)
         paused.seq_id = slot.seq_id

@@ -55,6 +55,9 @@ class Slot:
         # before the request goes on decoding from its pending tokens, as if it had never stopped.
         self.refeed: list[int] = []
         self.resuming = False  # prefilling again after a preemption, its next token already sampled
+        # Paused because no cell after its own was free (a fragmented pool): it is re-prefilled whole,
+        # into the first free cells, rather than after a shared prefix whose cells may sit as far right.
+        self.refit = False
 
     def common_prefix(self, prompt: list[int]) -> int:
         return common_prefix(self.cached, prompt)
@@ -122,6 +125,7 @@ class Slot:
         self._stops = [s.encode("utf-8", "surrogatepass") for s in self.request.sampling.stop if s]
         self.refeed = []
         self.resuming = False
+        self.refit = False
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None

@@ -63,6 +63,7 @@ MODEL_OVERRIDES = frozenset(
         "n_threads",
         "n_gpu_layers",
         "flash_attn",
+        "batch_invariant",
         "kv_unified",
         "kv_cache_type",
         "memory_budget",
@@ -185,9 +186,13 @@ class Settings(BaseSettings):
     model_switch_after_s: float = Field(5.0, ge=0, le=3600)
     n_gpu_layers: int | Literal["auto"] = "auto"
     flash_attn: bool = True
-    # n_ctx / n_slots cells owned by each slot (false: a request's output never depends on what runs beside
-    # it), or one KV pool for all requests (true: any request up to the whole pool, shared prefixes,
-    # preemption; outputs that depend on where a sequence's cells sit): see README "one KV pool".
+    # CPU attention in one kernel whatever the batch (true): a request's output does not depend on what runs
+    # beside it or where its cells sit, and a preempted one goes on exactly, at a slower prefill; false:
+    # llama.cpp's kernels by batch shape (engine/config.py, README "batch invariance").
+    batch_invariant: bool = False
+    # n_ctx / n_slots cells owned by each slot (false), or one KV pool for all requests (true: any request up
+    # to the whole pool, shared prefixes, preemption; outputs that depend on what runs beside unless
+    # batch_invariant): see README "one KV pool".
     kv_unified: bool = False
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
     response_format: ResponseMode = ResponseMode.WRAPPED
@@ -475,6 +480,7 @@ class Settings(BaseSettings):
             n_threads=self.n_threads,
             n_gpu_layers=-1 if self.n_gpu_layers == "auto" else int(self.n_gpu_layers),
             flash_attn=self.flash_attn,
+            batch_invariant=self.batch_invariant,
             kv_unified=self.kv_unified,
             kv_cache_type=self.kv_cache_type,
             adaptive_threads=self.thread_policy == "adaptive",

@@ -39,6 +39,7 @@ _CONFIG = {
     "FLASH_ATTN": True,
     "KV_CACHE_TYPE": "f16",  # or "q8_0"
     "KV_UNIFIED": False,  # each slot owns N_CTX / N_SLOTS cells; True: one KV pool (README "one KV pool")
+    "BATCH_INVARIANT": False,  # True: outputs independent of load, slower CPU prefill (README "batch invariance")
     "MMPROJ_PATH": None,  # a multimodal projector GGUF made for the model: images and audio in messages
     "MAX_WAITING": 64,  # requests queued in the scheduler beyond the slots (the drain feeds it)
     "SUPPORTED_REQUEST_TYPES": ["LLM"],
@@ -87,6 +88,7 @@ class EdgellmLlamaCpp(BaseServingProcess):
             flash_attn=bool(self.cfg_flash_attn),
             kv_cache_type=str(self.cfg_kv_cache_type),
             kv_unified=bool(self.cfg_kv_unified),
+            batch_invariant=bool(self.cfg_batch_invariant),
             mmproj_path=str(self.cfg_mmproj_path) if self.cfg_mmproj_path else None,
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -99,7 +100,10 @@ def test_eight_clients_with_one_900_token_system_prompt_store_it_once(pool_engin
 def small_pool(model_path):
     """A pool of 256 cells for 4 slots: four requests of ~60-80 prompt and 100 generated tokens need ~650."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    core = EngineCore(ModelConfig(path=model_path, n_ctx=256, n_slots=4, n_batch=32, kv_unified=True), max_waiting=16)
+    core = EngineCore(
+        ModelConfig(path=model_path, n_ctx=256, n_slots=4, n_batch=32, kv_unified=True, batch_invariant=True),
+        max_waiting=16,
+    )
     yield EngineHarness(core)
     core.close()
 
@@ -149,23 +153,64 @@ def test_a_full_pool_preempts_and_every_request_completes_with_its_tokens_kept(s
         assert together[rid].text.startswith(data.decode("utf-8", "ignore")[:-1]), rid
     person = json.loads(together["b3"].text)
     assert {"name", "age", "city"} <= set(person)
+    # And it went on exactly as it would have: each text equals its run alone (batch invariance).
+    for r in burst():
+        assert small_pool.one(r).text == together[r.request_id].text, f"{r.request_id} differs from its run alone"
 
 
-@pytest.fixture(scope="module")
-def slot_layout(model_path):
-    """Each slot its own KV stream, batches under 64 tokens, sequences under 512 cells: every token's
-    attention takes llama.cpp's row kernel over its own cells in order, so an output does not depend on
-    what shares a step (see conftest.split_engine), and a resumed request can be compared exactly."""
+def test_a_sequence_with_no_free_cell_after_its_own_is_paused_and_refilled_in_order(small_pool, monkeypatch):
+    """Each token goes after its sequence's cells (tools/llama_cpp/edgellm.patch). A request whose cells end at
+    the pool's last one while every free cell lies before them (left by an earlier request's cache) cannot
+    grow: llama_decode finds no cell, the request is paused and re-prefilled into the first free cells, and
+    goes on exactly as it would have, never failed."""
+    s = small_pool.scheduler
+    first = req("first", "Recite: " + text_of(30, salt=5), temperature=0.0, max_tokens=2)
+    grower = req("grower", "Tell a long story about " + text_of(30, salt=9), temperature=0.0, max_tokens=110)
+    # No EOS (it must run into the end of the pool), and no prefix shared with `first`'s cache (that would put
+    # it in `first`'s cells); the same request alone, from an empty pool, is the reference.
+    grower = replace(grower, sampling=replace(grower.sampling, logit_bias={2: -100}), cache_lookup=False)
+
+    def clear() -> None:  # an empty pool: the next request takes the first cells
+        for slot in s.slots:
+            s.model.trim_sequence(slot.seq_id, 0)
+            s.pool.truncate(slot.seq_id, 0)
+            slot.cached = []
+
+    refits = []
+    preempt = s._preempt
+
+    def observe(slot, why="the KV pool is full"):
+        refits.append(slot.refit)
+        preempt(slot, why)
+
+    monkeypatch.setattr(s, "_preempt", observe)
+    clear()
+    alone = small_pool.one(grower)
+    assert refits == [] and alone.completion_tokens == 110
+    clear()
+    assert small_pool.one(first).error is None  # its prompt stays cached in the first ~100 cells
+    out = small_pool.one(grower)
+    assert out.error is None, out.error
+    assert True in refits, "the grower should have found no cell after its own"
+    assert out.text == alone.text and out.completion_tokens == 110
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["pool", "slots"])
+def layout(model_path, request):
+    """1024 cells for 4 slots, as one pool or a share each; batch invariance in both."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    core = EngineCore(ModelConfig(path=model_path, n_ctx=1024, n_slots=4, n_batch=32, kv_unified=False))
+    config = ModelConfig(
+        path=model_path, n_ctx=1024, n_slots=4, n_batch=32, kv_unified=request.param, batch_invariant=True
+    )
+    core = EngineCore(config)
     yield EngineHarness(core)
     core.close()
 
 
-def test_a_preempted_request_goes_on_exactly_as_it_would_have(slot_layout):
+def test_a_preempted_request_goes_on_exactly_as_it_would_have(layout):
     """Greedy, seeded and guided requests paused mid-answer (the scheduler's own preemption, at a chosen
     step rather than a full pool) and resumed: each output equals its uninterrupted run."""
-    s = slot_layout.scheduler
+    s = layout.scheduler
     requests = burst()
     for r in requests:
         assert s.add_request(r) is None
@@ -182,7 +227,7 @@ def test_a_preempted_request_goes_on_exactly_as_it_would_have(slot_layout):
                 s._preempt(slot)  # the real preemption: KV freed, state detached, resumed before new work
     assert paused == {r.request_id for r in requests} and s.stats.preemptions >= 4
     for r in requests:
-        alone = slot_layout.one(r)
+        alone = layout.one(r)
         got = finals[r.request_id]
         assert got.error is None, got.error
         assert bytes(got.data).decode() == alone.text, f"{r.request_id} differs after its preemption"

@@ -50,6 +50,7 @@ SETTINGS_KEYS: dict[str, str] = {
     "N_GPU_LAYERS": "n_gpu_layers",
     "KV_CACHE_TYPE": "kv_cache_type",
     "KV_UNIFIED": "kv_unified",
+    "BATCH_INVARIANT": "batch_invariant",
     "MAX_QUEUED": "max_queued",
     "RATE_LIMIT_PER_MINUTE": "rate_limit_per_minute",
     "MAX_REQUEST_TIMEOUT": "max_request_timeout",
