@@ -189,8 +189,8 @@ class Scheduler:
             raise InvalidRequest("the prompt is empty: there is no token to start generating from")
         if len(prompt) > room:
             raise ContextLengthExceeded(
-                f"prompt is {len(prompt)} tokens but a request may hold at most {room} (the KV pool has "
-                f"{self.model.n_ctx} cells; the model was trained for {self.model.n_ctx_train}); shorten the messages"
+                f"prompt is {len(prompt)} tokens but a request may hold at most {room} ({self.model.limit_reason()}); "
+                "shorten the messages"
             )
         media = collector.spans(prompt) if collector is not None else []
         if media and media[-1].end == len(prompt):
