@@ -38,7 +38,7 @@ CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 WHEEL_ROOT="${EDGELLM_WHEEL_ROOT:-$HOME/.cache/edgellm/wheels}"
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 # edgellm's changes to the vendored llama.cpp (applied to the sdist before building; part of KEY):
-# in-order KV placement in a unified cache and the one-row flash-attention kernel (the patch says why).
+# in-order KV placement in a unified cache and a switch to the row flash-attention kernel (the patch says why).
 PATCH="$REPO/tools/llama_cpp/edgellm.patch"
 
 log() { echo "engine_wheel: $*" >&2; }
@@ -141,7 +141,7 @@ build_wheel() {   # build_wheel PYTHON: prints the wheel's path
     "$python" -m pip download --quiet --no-cache-dir --no-deps --no-binary :all: -d "$tmp/src" \
         "llama-cpp-python==${LLAMA_CPP_VERSION}" >&2 || die "could not download the llama-cpp-python sdist"
     tar -xzf "$tmp"/src/llama_cpp_python-*.tar.gz -C "$tmp/src"
-    local src; src="$(echo "$tmp"/src/llama_cpp_python-"${LLAMA_CPP_VERSION}")"
+    local src="$tmp/src/llama_cpp_python-${LLAMA_CPP_VERSION}"
     if command -v patch >/dev/null; then
         patch --quiet --forward -p1 -d "$src/vendor/llama.cpp" < "$PATCH" >&2 || die "$PATCH does not apply"
     else

@@ -7,8 +7,10 @@ tokens land in cells *before* its earlier ones (what holes left by finished requ
 shared pool) gets logits up to ~1.0 apart; and the CPU flash-attention kernel is picked by the whole batch's
 shape (a tiled kernel for 64+ query rows, a KV-split one for a lone row over 512+ cells, a row kernel
 otherwise), each summing in another order. The engine's build patches both (tools/llama_cpp/edgellm.patch:
-each token after its sequence's cells; the row kernel always), and this check proves it: exit 0 when every
-case gives bit-identical logits, 1 when any differs. Run it after a llama.cpp bump or a patch change.
+each token after its sequence's cells; the row kernel only, with batch_invariant), and this check proves it:
+it runs every case with batch_invariant on and off, and exits 0 when every case with it on gives
+bit-identical logits, 1 when any differs (off is reported, not judged). Run it after a llama.cpp bump or a
+patch change.
 
     .venv/bin/python tools/kv_layout_check.py [--model PATH] [--kv f16|q8_0|f32] [--no-flash-attn]
 
