@@ -1,4 +1,4 @@
-# One command to set up and run the node, one to set up and run the tests (see README).
+# One command to set up and run the node, one to set up and run the tests (see README.md, docs/getting-started.md).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -50,14 +50,17 @@ ratio1-setup: setup
 ratio1-node: ratio1-setup
 	$(BIN)/edgellm ratio1-node --venv "$$($(RATIO1_VENV))"
 
-# CI (.ci/run) is this target on a clean clone: ruff, the whole suite on the default Python (3.11), then a
-# cheaper pass on 3.10 and one on 3.13 (below), each in a venv of its own with the same installs as setup.
+# CI (.ci/run) is this target on a clean clone: ruff, the docs site (mkdocs.yml, ~1 s; --strict: a broken
+# link or anchor fails it; never -q, which hides the very warnings --strict counts), the whole suite on the
+# default Python (3.11), then a cheaper pass on 3.10 and one on 3.13 (below), each in a venv of its own with
+# the same installs as setup.
 # Budget: a warm run (engine wheel and Ratio1 venv cached) about 33 min, a cold one under 45 (the
 # llama.cpp build adds ~10 min, the Ratio1 venv ~2). Measured on the 2-core CI kind: setup + ruff ~1.5 min,
 # 3.11's whole suite 19.5-21 min; each extra venv ~1 min; the 3.10 pass ~5 min (it was the whole suite
 # again, ~19 min); the 3.13 pass ~2.3 min.
 test: setup system-deps ratio1-setup
 	$(BIN)/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(BIN)/python -m pytest -v
 	$(MAKE) test-py310
 	$(MAKE) test-py313

@@ -14,7 +14,7 @@ class ModelConfig:
     # False: each slot owns n_ctx / n_slots cells. True: one KV pool every sequence draws from (any request up
     # to the whole of it, shared prefixes stored once, preemption when it is full; each token after its
     # sequence's cells: tools/llama_cpp/edgellm.patch). With batch_invariant off, outputs in a pool depend on
-    # what else runs (README "one KV pool").
+    # what else runs (docs/jetson.md "Context per request: one KV pool").
     kv_unified: bool = False
     n_batch: int = 512
     n_threads: int = 0  # 0 = all free cores
@@ -22,7 +22,7 @@ class ModelConfig:
     flash_attn: bool = True
     # True: CPU attention runs llama.cpp's row kernel only (tools/llama_cpp/edgellm.patch), so a sequence's
     # logits are bit-identical whatever else its steps decode and wherever its cells sit, and a preempted
-    # request continues exactly; prompts prefill slower (no tiled kernel: README "batch invariance").
+    # request continues exactly; prompts prefill slower (no tiled kernel: docs/jetson.md "batch invariance").
     # False: llama.cpp's kernels by batch shape (prefill 1.2-4x faster on CPU; in a pool, outputs vary with
     # load by up to ~1 logit).
     batch_invariant: bool = False

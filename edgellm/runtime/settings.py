@@ -126,9 +126,9 @@ class Settings(BaseSettings):
     preset: str | None = None
     _plan: MemoryPlan | None = PrivateAttr(default=None)  # what model() sized the context with
     _model_from_preset: bool = PrivateAttr(default=False)  # model_path is the preset's (a missing file: say where)
-    host: str = "127.0.0.1"
-    port: int = Field(8765, ge=0, le=65535)
-    model_path: str | None = None  # None = the bundled SmolLM2-135M GGUF
+    host: str = "127.0.0.1"  # the address to listen on; a non-loopback one needs a token
+    port: int = Field(8765, ge=0, le=65535)  # the HTTP port
+    model_path: str | None = None  # the GGUF to serve; None = the bundled SmolLM2-135M GGUF
     model_name: str | None = None  # id reported to clients; default: the GGUF file name
     # A multimodal projector GGUF made for model_path (SmolVLM, Qwen2.5-VL, Gemma 3, Ultravox...):
     # images and/or audio in content arrays. Without it the node takes text only.
@@ -137,13 +137,13 @@ class Settings(BaseSettings):
     # generation model's weights, mean-pooled. embedding_ctx: the embedding context's tokens (the longest
     # input, one batch's tokens), 0 = embeddings off. Both are in the memory plan.
     embedding_model_path: str | None = None
-    embedding_ctx: int = Field(512, ge=0, le=8192)
+    embedding_ctx: int = Field(512, ge=0, le=8192)  # the embedding context's tokens; 0 = embeddings off
     media_dirs: list[str] = Field(default_factory=list, description="folders image/audio file paths may name")
     allow_remote_media: bool = False  # fetch http(s) image URLs (the node then requests what a client names)
-    remote_media_timeout_s: float = Field(10.0, gt=0, le=300)
+    remote_media_timeout_s: float = Field(10.0, gt=0, le=300)  # seconds to fetch one remote image URL
     max_media_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="one image/audio file, before base64")
     max_image_pixels: int = Field(16_777_216, ge=1, description="width x height of one image")
-    max_audio_seconds: float = Field(600.0, gt=0)
+    max_audio_seconds: float = Field(600.0, gt=0)  # the length of one audio clip
     max_media_items: int = Field(8, ge=1, le=256, description="images and audio clips in one request")
     # "auto": sized to memory_budget from the model's metadata (engine/memory_plan.py).
     n_ctx: Annotated[int, Field(ge=256)] | Literal["auto"] = Field(
@@ -162,7 +162,7 @@ class Settings(BaseSettings):
     # llama.cpp's CUDA pools; from the same unified memory on a Jetson): see engine/memory_plan.py for the
     # figures behind the default. Planned only where a CUDA device shows and n_gpu_layers is not 0.
     cuda_context_mib: int = Field(300, ge=0, le=16384)
-    n_batch: int = Field(512, ge=32)
+    n_batch: int = Field(512, ge=32)  # tokens in one llama_decode batch (at least n_slots)
     n_threads: int = Field(0, ge=0, description="0 = every core this process may use")
     # adaptive: fewer threads while other processes keep cores busy (a spinning llama.cpp barrier on a
     # shared core collapses throughput); fixed: always n_threads.
@@ -179,48 +179,48 @@ class Settings(BaseSettings):
     # the others stay loaded while their memory plans fit in memory_budget together (and at most
     # max_loaded_models, 0 = as many as fit), so a switch to one of them costs no reload.
     models: list[ServedModel] = Field(default_factory=list)
-    max_loaded_models: int = Field(0, ge=0, le=64)
+    max_loaded_models: int = Field(0, ge=0, le=64)  # models loaded at once (0 = as many as fit memory_budget)
     idle_unload_s: float = Field(0.0, ge=0)  # unload a model after this long without work (0 = never)
     # While the loaded model has work, requests for another wait at most this long before it is drained
     # and the other loaded (0: at once); an idle worker switches at once.
     model_switch_after_s: float = Field(5.0, ge=0, le=3600)
-    n_gpu_layers: int | Literal["auto"] = "auto"
-    flash_attn: bool = True
+    n_gpu_layers: int | Literal["auto"] = "auto"  # layers offloaded to the GPU; auto = all where llama.cpp can
+    flash_attn: bool = True  # llama.cpp's flash attention
     # CPU attention in one kernel whatever the batch (true): a request's output does not depend on what runs
     # beside it or where its cells sit, and a preempted one goes on exactly, at a slower prefill; false:
-    # llama.cpp's kernels by batch shape (engine/config.py, README "batch invariance").
+    # llama.cpp's kernels by batch shape (engine/config.py; docs/jetson.md, "batch invariance").
     batch_invariant: bool = False
     # n_ctx / n_slots cells owned by each slot (false), or one KV pool for all requests (true: any request up
     # to the whole pool, shared prefixes, preemption; outputs that depend on what runs beside unless
-    # batch_invariant): see README "one KV pool".
+    # batch_invariant): see docs/jetson.md "Context per request: one KV pool".
     kv_unified: bool = False
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
-    response_format: ResponseMode = ResponseMode.WRAPPED
-    state_dir: str = Field(default_factory=default_state_dir)
+    response_format: ResponseMode = ResponseMode.WRAPPED  # WRAPPED: in the node envelope; RAW: the result alone
+    state_dir: str = Field(default_factory=default_state_dir)  # the registry, prefix cache and start record
     # Prefix KV states that survive a restart (engine/prefix_store.py), in <state_dir>/prefix-cache, at most
     # prefix_cache_mb MiB of files (least recently used evicted first).
     prefix_cache: bool = True
-    prefix_cache_mb: int = Field(512, ge=1, le=1_048_576)
+    prefix_cache_mb: int = Field(512, ge=1, le=1_048_576)  # the most MiB the prefix cache's files take
     # The start-up self-test (the crash guard) and decode-cost probe run once per engine build, CPU, model
     # and settings: a pass is recorded in <state_dir>/engine-start.json and a start that finds its key skips
     # both (engine/start_record.py). False: both at every start.
     start_record: bool = True
     request_timeout: float = Field(600.0, gt=0, description="default per-request timeout (s)")
-    max_request_timeout: float = Field(3600.0, gt=0)
+    max_request_timeout: float = Field(3600.0, gt=0)  # the longest timeout a request may ask for (s)
     request_ttl: float = Field(7200.0, gt=0, description="seconds a finished request stays queryable")
     max_queued: int = Field(64, ge=1, description="requests in flight (queued + generating) before 429")
     # Per caller (token owner; all anonymous callers share one budget): POST calls per calendar minute
     # before 429 + Retry-After (api/rate_limit.py, upstream's RATE_LIMIT_PER_MINUTE). 0 = no limit.
     rate_limit_per_minute: int = Field(0, ge=0)
-    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_body_bytes: int = Field(1_048_576, ge=1024)  # a request body's size before a 413
     max_messages: int = Field(512, ge=1, description="messages per request before a 400")
     max_prompt_bytes: int = Field(262_144, ge=1024, description="message content bytes (UTF-8, summed) before a 400")
     # Bounds of the request's temperature and max_tokens (upstream TEMPERATURE_MIN/MAX and
     # MIN/MAX_COMPLETION_TOKENS); the OpenAI route keeps its own floor of 1 for max_tokens.
-    temperature_min: float = Field(0.0, ge=0.0)
-    temperature_max: float = Field(1.5, ge=0.0, le=10.0)
-    min_completion_tokens: int = Field(16, ge=1)
-    max_completion_tokens: int = Field(4096, ge=1)
+    temperature_min: float = Field(0.0, ge=0.0)  # the lowest temperature a request may ask for
+    temperature_max: float = Field(1.5, ge=0.0, le=10.0)  # the highest temperature a request may ask for
+    min_completion_tokens: int = Field(16, ge=1)  # the lowest max_tokens a request may ask for
+    max_completion_tokens: int = Field(4096, ge=1)  # the highest max_tokens a request may ask for
     shutdown_grace_s: int = Field(20, ge=0, description="on SIGTERM, wait this long for in-flight sync requests")
     header_timeout_s: float = Field(10.0, gt=0, description="a request's headers must arrive within this (s)")
     body_timeout_s: float = Field(30.0, gt=0, description="a request's body must arrive within this (s)")
@@ -230,6 +230,7 @@ class Settings(BaseSettings):
     # Web origins (scheme://host[:port]) whose pages may call the node from a browser (CORS,
     # runtime/cors.py); none by default. env: EDGELLM_CORS_ORIGINS=http://a.local:3000,https://b.local
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Bearer tokens; with any set, every endpoint but /health needs one. env: comma separated.
     tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # A lane per token (api/auth.py): its requests run there unless they ask for a lower one, so a batch
     # job's token cannot outrank a control loop's. Each is a valid token too. env:
@@ -237,9 +238,9 @@ class Settings(BaseSettings):
     token_lanes: dict[Annotated[str, Field(min_length=1)], Literal["realtime", "interactive", "batch"]] = Field(
         default_factory=dict
     )
-    node_alias: str = Field(default_factory=socket.gethostname)
-    evm_network: str = "local"
-    log_level: str = "info"
+    node_alias: str = Field(default_factory=socket.gethostname)  # the node's name in WRAPPED bodies
+    evm_network: str = "local"  # the network named in WRAPPED bodies
+    log_level: str = "info"  # debug, info, warning or error
     # Where board telemetry is read (sysfs, /proc/device-tree, nvpmodel files); tests point it at a fixture tree.
     board_root: str = "/"
     # How often the energy meter (runtime/energy.py) samples the board's input power, where it has an INA3221.
@@ -249,16 +250,16 @@ class Settings(BaseSettings):
     # above psi_full_avg10) new requests get 503 + Retry-After while in-flight ones finish; below
     # critical_mib (or PSI above the critical one) the node also sheds what memory it can. 0 turns a
     # threshold off (all 0: no reader).
-    memory_pressure_min_available_mib: int = Field(256, ge=0)
-    memory_pressure_critical_mib: int = Field(128, ge=0)
-    memory_pressure_psi_full_avg10: float = Field(10.0, ge=0, le=100)
-    memory_pressure_psi_critical_full_avg10: float = Field(40.0, ge=0, le=100)
-    memory_pressure_interval_s: float = Field(1.0, ge=0.05, le=60)
+    memory_pressure_min_available_mib: int = Field(256, ge=0)  # refusing below this many MiB available
+    memory_pressure_critical_mib: int = Field(128, ge=0)  # critical (shedding) below this many MiB
+    memory_pressure_psi_full_avg10: float = Field(10.0, ge=0, le=100)  # refusing above this PSI full avg10 (%)
+    memory_pressure_psi_critical_full_avg10: float = Field(40.0, ge=0, le=100)  # critical above this PSI (%)
+    memory_pressure_interval_s: float = Field(1.0, ge=0.05, le=60)  # seconds between two readings
     memory_pressure_root: str = "/"  # where proc/ and sys/fs/cgroup/ are read; tests: a fake tree
     # A worker that dies before it is warm is started again this many times in all, waiting
     # engine_start_backoff_s, then twice that...; after the last, `edgellm serve` exits non-zero.
     engine_start_attempts: int = Field(3, ge=1, le=20)
-    engine_start_backoff_s: float = Field(1.0, ge=0, le=60)
+    engine_start_backoff_s: float = Field(1.0, ge=0, le=60)  # the first wait between start attempts (doubling)
     # A READY worker that answers no ping for this long is killed and restarted (its requests are sent
     # again); time in which the node itself was stopped does not count.
     engine_hang_timeout_s: float = Field(60.0, ge=1, le=3600)
@@ -266,8 +267,8 @@ class Settings(BaseSettings):
     force_gpu_context_failure: bool = False  # test hook: make the GPU context creation fail (same fallback)
     # test hooks: a pretend GPU that holds only this many KV cells (the shrink ladder, engine/model.py), and
     # a projector whose GPU init fails (it then runs on the CPU)
-    force_gpu_context_max_cells: int | None = Field(None, ge=1)
-    force_gpu_projector_failure: bool = False
+    force_gpu_context_max_cells: int | None = Field(None, ge=1)  # test hook: a GPU that holds only this many cells
+    force_gpu_projector_failure: bool = False  # test hook: the projector's GPU init fails (it runs on the CPU)
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -21,7 +21,7 @@ Config: the upstream plugin's keys and defaults (RESPONSE_FORMAT, REQUEST_TIMEOU
 AUTH_TOKEN_ENV, PREDEFINED_AUTH_TOKENS, ALLOW_ANONYMOUS_ACCESS, TEMPERATURE_MIN/MAX,
 MIN/MAX_COMPLETION_TOKENS, AI_ENGINE, PORT, TUNNEL_ENGINE_ENABLED) plus edgellm's engine settings
 (MODEL_PATH, N_CTX, N_SLOTS, N_GPU_LAYERS, KV_CACHE_TYPE, STATE_DIR, HOST, MAX_QUEUED, ...); see
-plugin_config.py and the README's "Ratio1 edge node" section.
+plugin_config.py and docs/ratio1.md ("Ratio1 edge node").
 """
 
 import json
