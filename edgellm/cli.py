@@ -79,11 +79,12 @@ def _serve_started(args: argparse.Namespace) -> int:
 
     def on_ready(service) -> None:
         ready.append(True)
-        info = service.engine.info
-        offload = info.get("offload", {})
+        info = service.engine_info()
+        slots, cells = (info.n_slots, info.n_ctx) if info is not None else (None, None)
+        offload = info.offload if info is not None else {}
         notifier.ready(
-            f"serving {service.model_name} on {settings.host}:{settings.port}; {info.get('n_slots')} slots over "
-            f"a {info.get('n_ctx')}-cell KV pool; {offload.get('device')} (n_gpu_layers={offload.get('n_gpu_layers')})"
+            f"serving {service.model_name} on {settings.host}:{settings.port}; {slots} slots over "
+            f"a {cells}-cell KV pool; {offload.get('device')} (n_gpu_layers={offload.get('n_gpu_layers')})"
         )
         # Kept on the app so the task is not garbage-collected; cancelled with the loop at exit.
         app.state.watchdog = asyncio.get_running_loop().create_task(notifier.watchdog(service.live_check))

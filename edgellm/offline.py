@@ -14,11 +14,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from edgellm.api.output_processor import OutputProcessor, RequestOutput
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.core import EngineCore
+from edgellm.engine.info import EngineInfo, EngineStats
+from edgellm.engine.interface import Build, EngineHealth, EngineState
 from edgellm.engine.model import LlamaModel
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
@@ -89,12 +90,12 @@ class OfflineEngine:
 
     # -- EngineClient ------------------------------------------------------------------------
     @property
-    def info(self) -> dict[str, Any]:
-        return self.core.info.as_dict()
+    def info(self) -> EngineInfo:
+        return self.core.info
 
     @property
-    def stats(self) -> dict[str, Any]:
-        return self.core.stats.as_dict()
+    def stats(self) -> EngineStats:
+        return self.core.stats
 
     def submit(self, request: EngineRequest) -> None:
         self._pending.append(request)
@@ -111,18 +112,25 @@ class OfflineEngine:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
-    def health(self) -> dict[str, Any]:
-        return {
-            "state": "stopped" if self._closed else "ready",
-            "worker_pid": os.getpid(),  # the engine runs in this process
-            "worker_alive": not self._closed,
-            "restarts": 0,
-            "last_error": None,
-            "in_flight": len(self._in_flight),
-            "phase": "serving",
-            "attempt": 1,
-            "max_attempts": None,
-        }
+    def health(self) -> EngineHealth:
+        return EngineHealth(
+            state=EngineState.STOPPED if self._closed else EngineState.READY,
+            worker_pid=os.getpid(),  # the engine runs in this process
+            worker_alive=not self._closed,
+            in_flight=len(self._in_flight),
+            phase="serving",
+            attempt=1,
+        )
+
+    # -- one model ------------------------------------------------------------------------------
+    def dispatch(self, model: str | None, request_id: str, build: Build) -> None:
+        self.submit(build())
+
+    def model_info(self, model: str | None) -> EngineInfo:
+        return self.core.info
+
+    def model_states(self) -> None:
+        return None
 
     def run(self) -> None:
         """Drive the core until every submitted request has finished."""

@@ -4,8 +4,8 @@ HTTP responses by route and status code.
 Each Service owns a `CollectorRegistry` of its own rather than prometheus_client's global default: a
 process may hold several services (tests do), and the global registry would refuse the second
 service's instruments (duplicate names) or mix their counts. Nothing here knows FastAPI or the
-engine classes: the service reports what happened, and a `live` callback supplies what is true right
-now (in flight, slots, queue), read at scrape time.
+engine's implementations (only engine/interface.py's EngineClient): the service reports what happened,
+and a `live` callback supplies what is true right now (in flight, slots, queue), read at scrape time.
 
 The JSON /metrics view is derived from the same instruments. Its latency p50/p95 are estimated from
 the histogram buckets exactly as PromQL's `histogram_quantile` does (linear within the bucket that
@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from edgellm.engine.interface import EngineClient
 
 OUTCOMES = ("submitted", "completed", "failed", "timeout", "rejected")
 
@@ -36,27 +38,19 @@ TTFT_BUCKETS_S = (
 )  # fmt: skip
 
 
-class EngineView(Protocol):
-    """What the live gauges read from the engine client (runtime.supervisor satisfies it)."""
-
-    info: dict[str, Any]
-    stats: dict[str, Any]
-
-    def health(self) -> dict[str, Any]: ...
-
-
-def live_state(engine: EngineView | None, in_flight: int, max_queued: int) -> dict[str, Any]:
+def live_state(engine: EngineClient | None, in_flight: int, max_queued: int) -> dict[str, Any]:
     """The point-in-time values behind the gauges (and the JSON view), from the engine client."""
     if engine is None:
         return {"in_flight": in_flight, "max_queued": max_queued, "engine": {}, "engine_restarts": 0}
-    stats = dict(engine.stats)  # arrives with the worker's answer to each ping (every ~2 s)
-    if "slots_total" not in stats and (engine.info or {}).get("n_slots"):
-        stats["slots_total"] = engine.info["n_slots"]  # known from the start, before the first ping
+    # The stats arrive with the worker's answer to each ping (every ~2 s); the slots are known from the start.
+    stats = engine.stats.as_dict() if engine.stats is not None else {}
+    if "slots_total" not in stats and engine.info is not None:
+        stats["slots_total"] = engine.info.n_slots
     return {
         "in_flight": in_flight,
         "max_queued": max_queued,
         "engine": stats,
-        "engine_restarts": engine.health().get("restarts", 0),
+        "engine_restarts": engine.health().restarts,
     }
 
 

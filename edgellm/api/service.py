@@ -38,7 +38,8 @@ from edgellm.api.submission import (
 )
 from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.chat_format import ChatFormat
-from edgellm.engine.interface import EngineClient
+from edgellm.engine.info import EngineInfo
+from edgellm.engine.interface import EngineClient, EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, Priority
 from edgellm.errors import (
     Cancelled,
@@ -257,7 +258,8 @@ class Service:
 
     def media_info(self) -> dict[str, Any]:
         """What the engine's projector takes ({} while the engine has not reported)."""
-        return (self.engine.info or {}).get("media") or {} if self.engine else {}
+        info = self.engine.info if self.engine is not None else None
+        return info.media if info is not None else {}
 
     def media_caps(self) -> MediaCaps | None:
         info = self.media_info()
@@ -279,12 +281,16 @@ class Service:
         if checks:
             self._refuse_when_full()
             await self.guides.check(checks, disconnected)
-        check_vocabulary(request, self.engine_info(request.model).get("n_vocab"))
+        check_vocabulary(request, self._n_vocab(request.model))
 
     def check_engine_limits_now(self, request: ChatRequest) -> None:
         """check_engine_limits, blocking (a thread's caller: a peer's delegated request, fleet/balancer.py)."""
         self.guides.check_now(request_checks(request))
-        check_vocabulary(request, self.engine_info(request.model).get("n_vocab"))
+        check_vocabulary(request, self._n_vocab(request.model))
+
+    def _n_vocab(self, model: str | None) -> int | None:
+        info = self.engine_info(model)
+        return info.n_vocab if info is not None else None
 
     def named_model(self, body: Any) -> str | None:
         """The non-default model a raw body's `model` names (None: the default, or an id it does not serve,
@@ -294,18 +300,15 @@ class Service:
 
     def model_states(self) -> list[dict[str, Any]] | None:
         """Each model's state (loaded, loading, unloaded, failed) when the node serves several; else None."""
-        states = getattr(self.engine, "model_states", None)
-        return states() if states is not None else None
+        return self.engine.model_states() if self.engine is not None else None
 
-    def engine_info(self, model: str | None = None) -> dict[str, Any]:
-        """The EngineInfo of `model` (None: the default), as of its last load; {} before it ever loaded
+    def engine_info(self, model: str | None = None) -> EngineInfo | None:
+        """The EngineInfo of `model` (None: the default), as of its last load; None before it ever loaded
         (its limits are then checked by the engine when it runs the request)."""
-        if self.engine is None:
-            return {}
-        by_model = getattr(self.engine, "model_info", None)  # runtime/model_switch.ModelSwitch
-        if by_model is None:
-            return self.engine.info or {}
-        return by_model(model or self.model_name)
+        return self.engine.model_info(model) if self.engine is not None else None
+
+    def engine_health(self) -> EngineHealth:
+        return self.engine.health() if self.engine is not None else EngineHealth.starting()
 
     def in_flight(self) -> int:
         return (self.engine.in_flight() if self.engine is not None else 0) + self.requests.registering
@@ -407,8 +410,11 @@ class Service:
         self.requests.settle(outcome.request_id)  # an async one: nothing waits on it here
 
     def slots_total(self) -> int:
-        stats = self.engine.stats if self.engine is not None else {}
-        return int(stats.get("slots_total") or self.engine_info().get("n_slots") or 1)
+        stats = self.engine.stats if self.engine is not None else None
+        if stats is not None and stats.load.slots_total:
+            return stats.load.slots_total
+        info = self.engine_info()
+        return info.n_slots if info is not None and info.n_slots else 1
 
     def _dispatch(self, request_id: str, request: ChatRequest, seed: int, *, stream: bool, created_at: float) -> None:
         def build() -> EngineRequest:
@@ -427,11 +433,7 @@ class Service:
 
         if request.model is not None:
             self._models[request_id] = request.model  # the result names the model that made it
-        dispatch = getattr(self.engine, "dispatch", None)  # several models: runtime/model_switch.ModelSwitch
-        if dispatch is None:
-            self.engine.submit(build())
-        else:
-            dispatch(request.model, request_id, build)
+        self.engine.dispatch(request.model, request_id, build)  # type: ignore[union-attr]
 
     async def run_task(
         self,
@@ -500,7 +502,8 @@ class Service:
 
     def chat_format(self) -> ChatFormat:
         """The model's (EngineInfo's); the generic one until the engine has reported."""
-        return ChatFormat.from_dict((self.engine.info or {}).get("chat_format") if self.engine else None)
+        info = self.engine.info if self.engine is not None else None
+        return ChatFormat.from_dict(info.chat_format if info is not None else None)
 
     def paused_lanes(self) -> dict[Priority, Pause]:
         """The lanes that take no new work now, and why (api/lanes.py: heat, then memory)."""
@@ -522,11 +525,11 @@ class Service:
         generation and embeddings allocate; the tokenizer and template tasks do not, so they go on)."""
         if self.draining:
             raise EngineUnavailable("the node is shutting down; retry when it is back")
-        health = self.engine.health() if self.engine is not None else {"state": "starting"}
+        health = self.engine_health()
         # While the worker restarts, requests queue and are sent once it is back; otherwise 503.
-        if health["state"] not in ("ready", "restarting"):
-            reason = f": {health['last_error']}" if health.get("last_error") else ""
-            raise EngineUnavailable(f"engine is {health['state']}{reason}")
+        if not health.state.takes_requests:
+            reason = f": {health.last_error}" if health.last_error else ""
+            raise EngineUnavailable(f"engine is {health.state.value}{reason}")
         if new_work:
             self._refuse_under_pressure(lane)
 
@@ -735,7 +738,7 @@ class Service:
 
         Awaited on the event loop, so a wedged loop fails it by never answering.
         """
-        if self.engine is None or self.engine.health().get("state") not in ("ready", "restarting"):
+        if self.engine is None or not self.engine.health().state.takes_requests:
             return False
         try:
             await asyncio.to_thread(self.registry.counts)
@@ -745,15 +748,15 @@ class Service:
         return True
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        engine = self.engine.health() if self.engine else {"state": "starting"}
-        info = self.engine.info if self.engine else {}
-        ready = engine.get("state") == "ready"
+        engine = self.engine_health()
+        info = self.engine.info if self.engine is not None else None
+        ready = engine.state is EngineState.READY
         return ready, {
-            "status": "ok" if ready else engine.get("state", "starting"),
+            "status": "ok" if ready else engine.state.value,
             "model": self.model_name,
-            "engine": engine,
-            "offload": info.get("offload"),
-            "media": info.get("media"),
+            "engine": engine.as_dict(),
+            "offload": info.offload if info is not None else None,
+            "media": info.media if info is not None else None,
             **({"memory_pressure": self.pressure.state()} if self.pressure is not None else {}),
             "lanes": lanes_body(self.paused_lanes()),  # which lanes take new work (api/lanes.py)
             # nvpmodel mode and throttled (runtime/board.read_throttling), only what the board exposes
@@ -762,12 +765,13 @@ class Service:
 
     def status(self) -> dict[str, Any]:
         ready, health = self.health()
-        info = self.engine.info if self.engine else {}
-        stats = self.engine.stats if self.engine else {}  # the engine's last report
+        info = self.engine.info if self.engine is not None else None
+        report = self.engine.stats if self.engine is not None else None  # the engine's last report
+        stats = report.as_dict() if report is not None else {}
         return {
             **health,
             "uptime_s": round(time.time() - self.started_at, 1),
-            "engine_info": info,
+            "engine_info": info.as_dict() if info is not None else {},
             "load": {k: v for k, v in stats.items() if k in STATUS_LOAD},
             "kv_pool": _kv_pool(stats),
             "in_flight": self.in_flight(),

@@ -332,7 +332,7 @@ class Scheduler:
                 continue  # paused below, once this step's bookkeeping no longer reads its slot
             slot = self.slots[seq_id]
             log.error("decode failed for slot %d (request %s): %s", seq_id, slot.request_id, error)
-            self._emit(outputs, self._finish(slot, Finish(FinishReason.ERROR, error, "engine_error")))
+            self._emit(outputs, self._finish(slot, Finish(FinishReason.ERROR, error, ErrorType.ENGINE_ERROR)))
             self.model.trim_sequence(seq_id, 0)  # its KV state is unknown now
             self.pool.truncate(seq_id, 0)
             slot.cached = []
@@ -365,7 +365,8 @@ class Scheduler:
                 finish, accepted = self.token_step.advance(slot, rows, r)
             except Exception as exc:  # a fault in one slot's sampling/guide ends that request only
                 log.exception("slot %d (request %s) failed while sampling", slot.seq_id, slot.request_id)
-                finish = Finish(FinishReason.ERROR, f"internal error while generating: {exc!r}"[:500], "engine_error")
+                why = f"internal error while generating: {exc!r}"[:500]
+                finish = Finish(FinishReason.ERROR, why, ErrorType.ENGINE_ERROR)
                 accepted = 0  # which rows were sampled is unknown: no draft's KV is kept (nor cached)
             self._settle_drafts(slot, accepted)
             if finish is not None:
@@ -1278,7 +1279,8 @@ def _preparation_failure(prepared: PreparedRequest) -> EngineOutput:
         return EngineOutput.failure(rid, exc.message, exc.error_type)
     # A bug in preparation: this request's failure, never the worker's.
     log.error("request %s: preparation failed", rid, exc_info=exc)
-    return EngineOutput.failure(rid, f"internal error while preparing the request: {exc!r}"[:500], "engine_error")
+    why = f"internal error while preparing the request: {exc!r}"[:500]
+    return EngineOutput.failure(rid, why, ErrorType.ENGINE_ERROR)
 
 
 def _preemption_order(slot: Slot) -> tuple[int, int]:

@@ -25,7 +25,7 @@ import numpy as np
 from edgellm.engine.embedder import MAX_SEQUENCES, Embedder, EmbeddingModel, cells, normalize
 from edgellm.engine.model import LlamaModel, Vocabulary
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, Priority
-from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, InvalidRequest
+from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,8 @@ class Tasks:
             log.warning("embedding batch failed: %s", message, exc_info=not isinstance(exc, EdgeLLMError))
             for job in dict.fromkeys(job for job, _ in batch):
                 self.embeds.remove(job)
-                outputs.append(EngineOutput.failure(job.request.request_id, message[:500], kind or "engine_error"))
+                failure = EngineOutput.failure(job.request.request_id, message[:500], kind or ErrorType.ENGINE_ERROR)
+                outputs.append(failure)
             return
         self.embed_batches += 1
         self.embedded_inputs += len(batch)
@@ -292,5 +293,5 @@ def _answer(request: EngineRequest, future: Future) -> EngineOutput:
         return EngineOutput.failure(request.request_id, exc.message, exc.error_type)
     log.error("engine task %s failed", request.request_id, exc_info=exc)
     return EngineOutput.failure(
-        request.request_id, f"internal error in the {request.task} task: {exc!r}"[:500], "engine_error"
+        request.request_id, f"internal error in the {request.task} task: {exc!r}"[:500], ErrorType.ENGINE_ERROR
     )

@@ -22,6 +22,7 @@ from edgellm.engine.sampler import NEG_INF, Sample, apply_penalties, sample_row
 from edgellm.engine.slot import Slot
 from edgellm.engine.stats import StepStats
 from edgellm.engine.types import EngineRequest, FinishReason, GuideKind, StopCause, TokenLogprob
+from edgellm.errors import ErrorType
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Finish:
 
     reason: FinishReason
     error: str | None = None
-    error_type: str | None = None
+    error_type: ErrorType | None = None
     cause: StopCause | None = None  # with FinishReason.STOP: what stopped it
 
 
@@ -130,7 +131,8 @@ class TokenStep:
             self.stats.guide_s += time.perf_counter() - g0
             if not allowed.any():
                 why = slot.guide.error() or "no token allowed"
-                return Finish(FinishReason.ERROR, f"guided decoding reached a dead end ({why})", "generation_failed")
+                dead_end = f"guided decoding reached a dead end ({why})"
+                return Finish(FinishReason.ERROR, dead_end, ErrorType.GENERATION_FAILED)
             row[~allowed] = NEG_INF
             if slot.in_json and self.close_json:
                 left = self._budget_left(slot)

@@ -40,6 +40,7 @@ from edgellm.api.chat_request import ChatRequest
 from edgellm.api.registry import RequestStatus
 from edgellm.api.request_state import public_id
 from edgellm.api.validation import normalized_messages, parse_chat_request
+from edgellm.engine.interface import EngineState
 from edgellm.errors import EdgeLLMError, ErrorType, InvalidRequest
 from edgellm.fleet import protocol as p
 
@@ -216,9 +217,9 @@ class Balancer:
         slots = service.slots_total()
         in_flight = service.in_flight()
         queue_free = max(0, service.config.max_queued - in_flight)
-        health = service.engine.health() if service.engine is not None else {}
+        ready = service.engine_health().state is EngineState.READY
         refused = service.pressure.refusal() if service.pressure is not None else None
-        accepting = health.get("state") == "ready" and not service.draining and refused is None and queue_free > 0
+        accepting = ready and not service.draining and refused is None and queue_free > 0
         return p.Capacity(
             slots, min(slots, in_flight), accepting, queue_free, self.config.max_cstore_bytes, max(0, in_flight - slots)
         )

@@ -175,7 +175,7 @@ def create_app(
             if on_failed is not None:
                 on_failed(message)
             return
-        offload = engine.info.get("offload", {})
+        offload = engine.info.offload if engine.info is not None else {}
         log.info(
             "engine ready: %s on %s (n_gpu_layers=%s of %s, gpu offload supported: %s%s)",
             service.model_name,

@@ -64,8 +64,8 @@ async def parse_completions(service: Service, body: Any) -> tuple[list[ChatReque
     requests, opts = parse_completion_request(
         body,
         service.config.model_ids(),
-        n_vocab=info.get("n_vocab"),
-        infill=bool(info.get("infill")),
+        n_vocab=info.n_vocab if info is not None else None,
+        infill=info is not None and info.infill,
         max_prompts=max(1, min(MAX_PROMPTS, service.config.max_queued)),
         **service.config.limits(),
     )

@@ -145,13 +145,14 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s:
     finally:
         engine.close()
     info = engine.info
-    offload = info.get("offload") or {}
+    assert info is not None  # a started worker has reported it (READY carries it)
+    offload = info.offload
     say(
         "offload decision",
         f"{offload.get('device')} (n_gpu_layers {offload.get('n_gpu_layers')} of {offload.get('n_layers')})"
         + (f"; {offload['fallback_reason']}" if offload.get("fallback_reason") else ""),
     )
-    test = info.get("self_test") or {}
+    test = info.self_test or {}
     say(
         "self-test",
         f"{test.get('sequences')} sequences x {test.get('prompt_tokens')} prompt tokens, "

@@ -84,7 +84,7 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
             call = parse_embeddings(
                 body,
                 service.config.model_ids(),
-                n_embd=int(service.engine_info(model).get("n_embd") or 0),
+                n_embd=info.n_embd if (info := service.engine_info(model)) is not None else 0,
                 max_bytes=service.config.max_prompt_bytes,
             )
             call.request.model = model  # a task for that model's worker (runtime/model_switch.py)

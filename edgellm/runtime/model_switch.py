@@ -32,6 +32,7 @@ prompt is rendered with is the model's own, known once it has loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -40,14 +41,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgellm.engine.info import EngineInfo, EngineStats
+from edgellm.engine.interface import Build, EngineHealth, EngineState, ModelsHealth
 from edgellm.engine.types import EngineOutput, EngineRequest
-from edgellm.errors import EdgeLLMError, EngineUnavailable
+from edgellm.errors import EdgeLLMError, EngineUnavailable, ErrorType
 from edgellm.runtime.ipc import WorkerConfig
-from edgellm.runtime.supervisor import EngineState, WorkerEngine
+from edgellm.runtime.supervisor import WorkerEngine
 
 log = logging.getLogger(__name__)
 
-Build = Callable[[], EngineRequest]
 MakeWorker = Callable[[str, WorkerConfig], WorkerEngine]  # (model id, its config) -> a worker client, not started
 
 
@@ -63,7 +65,7 @@ class _Model:
     loads: int = 0
     last_load_ms: float | None = None
     last_active: float = 0.0  # monotonic: its last work (idle unload, and which model is evicted first)
-    info: dict[str, Any] = field(default_factory=dict)  # its EngineInfo, once it has loaded
+    info: EngineInfo | None = None  # as of its last load
 
 
 class ModelSwitch:
@@ -115,11 +117,11 @@ class ModelSwitch:
 
     # -- EngineClient ----------------------------------------------------------------------
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo | None:
         return self.engine.info
 
     @property
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats | None:
         return self.engine.stats
 
     def start(self) -> None:
@@ -154,7 +156,7 @@ class ModelSwitch:
 
     def abort(self, request_id: str) -> None:
         if self._drop_waiting(request_id):
-            failure = EngineOutput.failure(request_id, "aborted while waiting for its model", "cancelled")
+            failure = EngineOutput.failure(request_id, "aborted while waiting for its model", ErrorType.CANCELLED)
             self.engine.on_output([failure])
             return
         # Not waiting here: it is a worker's, the one its delivery names.
@@ -176,24 +178,24 @@ class ModelSwitch:
             waiting = sum(len(m.waiting) for m in self.models.values())
         return sum(w.in_flight() for w in self._workers()) + waiting
 
-    def health(self) -> dict[str, Any]:
-        """The active worker's health, with the node's view on top: `state` is "ready" while the node takes
-        work for its models (one loaded, a switch under way, or idle-unloaded); `worker_state` is the
-        active worker's."""
+    def health(self) -> EngineHealth:
+        """The active worker's health, with the node's view on top: `state` is READY while the node takes
+        work for its models (one loaded, a switch under way, or idle-unloaded); `models.worker_state` is
+        the active worker's."""
         worker = self.engine.health()
-        state = worker["state"]
-        if self._thread is not None and state in ("starting", "unloaded", "failed") and not self._crash_failed():
-            state = "ready"
-        return {
-            **worker,
-            "state": state,
-            "worker_state": worker["state"],
-            "loaded_model": self.loaded if self.loaded and self.models[self.loaded].state == "loaded" else None,
-            "resident_models": [m.id for m in self.models.values() if m.state == "loaded"],
-            "switching_to": self.switching_to,
-            "switches": self.switches,
-            "models": self.model_states(),
-        }
+        state = worker.state
+        idle = (EngineState.STARTING, EngineState.UNLOADED, EngineState.FAILED)
+        if self._thread is not None and state in idle and not self._crash_failed():
+            state = EngineState.READY
+        view = ModelsHealth(
+            worker_state=worker.state,
+            loaded_model=self.loaded if self.loaded and self.models[self.loaded].state == "loaded" else None,
+            resident_models=[m.id for m in self.models.values() if m.state == "loaded"],
+            switching_to=self.switching_to,
+            switches=self.switches,
+            models=self.model_states(),
+        )
+        return dataclasses.replace(worker, state=state, models=view)
 
     def model_states(self) -> list[dict[str, Any]]:
         with self._cond:
@@ -228,9 +230,9 @@ class ModelSwitch:
         said = [what for w in self._workers() if (what := w.shed_caches(reading))]
         return "; ".join(said) or None
 
-    def model_info(self, model: str) -> dict[str, Any]:
-        """A model's EngineInfo as of its last load ({} before its first)."""
-        return self.models[model].info
+    def model_info(self, model: str | None) -> EngineInfo | None:
+        """A model's (None: the default's) EngineInfo as of its last load (None before its first)."""
+        return self.models[model or self.default].info
 
     def close(self) -> None:
         """Stop: what still waits for a model is let go, not failed: its registry rows stay pending, so
@@ -415,7 +417,7 @@ class ModelSwitch:
         model.state, model.last_error = "loaded", None
         model.loads += 1
         model.last_load_ms = round((time.monotonic() - started) * 1000, 1)
-        model.info = dict(model.worker.info)  # type: ignore[union-attr]
+        model.info = model.worker.info  # type: ignore[union-attr]
         model.last_active = time.monotonic()
         log.info("model %s loaded in %.0f ms", model.id, model.last_load_ms)
 
@@ -440,7 +442,7 @@ class ModelSwitch:
             failed = [rid for _, rid, _ in model.waiting]
             model.waiting.clear()
             self.switching_to = None
-        outs = [EngineOutput.failure(rid, why, "engine_unavailable") for rid in failed]
+        outs = [EngineOutput.failure(rid, why, ErrorType.ENGINE_UNAVAILABLE) for rid in failed]
         if outs:
             self.engine.on_output(outs)
 

@@ -27,10 +27,10 @@ from multiprocessing import connection as mp_connection
 from typing import Any
 
 from edgellm.api.request_state import Delivery, RequestTable
-from edgellm.compat import StrEnum
-from edgellm.engine.info import EngineInfo
+from edgellm.engine.info import EngineInfo, EngineStats
+from edgellm.engine.interface import Build, EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, EngineRequest
-from edgellm.errors import EngineUnavailable
+from edgellm.errors import EngineUnavailable, ErrorType
 from edgellm.runtime import ipc, prestart
 from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, describe_exit
@@ -78,15 +78,6 @@ def _during(phase: str | None) -> str:
     return "while serving" if phase == "serving" else f"during {phase or 'start-up'}"
 
 
-class EngineState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    RESTARTING = "restarting"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    UNLOADED = "unloaded"  # no worker on purpose (runtime/model_switch.py: idle, or between two models)
-
-
 class WorkerEngine:
     """The worker client of engine/interface.EngineClient: the engine core in its own process."""
 
@@ -124,9 +115,8 @@ class WorkerEngine:
         self.ping_interval_s = ping_interval_s
         self.hang_timeout_s = hang_timeout_s
         self.state = EngineState.STOPPED
-        self.info: dict[str, Any] = {}  # engine_info.as_dict(): what /health and /status show
-        self.engine_info: EngineInfo | None = None  # the last worker's, once it was READY
-        self.stats: dict[str, Any] = {}
+        self.info: EngineInfo | None = None  # the last worker's, once it was READY
+        self.stats: EngineStats | None = None  # with the worker's answer to each ping
         self.last_error: str | None = None
         self.restarts = 0
         # Where the current (or last) worker is: start-up (spawned), loading, warm-up (worker.py), serving.
@@ -278,8 +268,7 @@ class WorkerEngine:
                     raise _StartFailed("the node is stopping")
                 self._starting = None
                 self._proc, self._conn = proc, parent_conn
-                self.engine_info = msg.info
-                self.info = msg.info.as_dict()
+                self.info = msg.info
                 self.phase = "serving"
                 self._last_pong = time.monotonic()
                 self._generation += 1
@@ -311,7 +300,7 @@ class WorkerEngine:
                         "the engine worker crashed while streaming this request"
                         if entry.streamed
                         else "the engine worker crashed twice while running this request",
-                        "engine_error",
+                        ErrorType.ENGINE_ERROR,
                     )
                     for entry in lost
                 ]
@@ -411,7 +400,7 @@ class WorkerEngine:
                     return  # sent when the (re)start completes
         if failed:  # no worker will come: an answer now, not a wait until the request's timeout
             why = f"the engine could not be restarted: {self.last_error}"
-            self.on_output([EngineOutput.failure(request.request_id, why, "engine_error")])
+            self.on_output([EngineOutput.failure(request.request_id, why, ErrorType.ENGINE_ERROR)])
             return
         if not self._send(ipc.Submit((request,))):
             with self._lock:
@@ -474,7 +463,7 @@ class WorkerEngine:
                 self._deliver(list(msg.outputs))
             elif isinstance(msg, ipc.Pong):
                 self._last_pong = time.monotonic()
-                self.stats = msg.stats.as_dict()
+                self.stats = msg.stats
             elif isinstance(msg, ipc.MemoryShed):
                 with self._shed_ready:
                     self._shed_reply = msg
@@ -585,21 +574,30 @@ class WorkerEngine:
         with self._lock:
             entries = self.requests.take_deliveries(self.name)
         if entries:
-            self.on_output([EngineOutput.failure(e.request.request_id, why, "engine_error") for e in entries])
+            self.on_output([EngineOutput.failure(e.request.request_id, why, ErrorType.ENGINE_ERROR) for e in entries])
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> EngineHealth:
         proc = self._proc or self._starting
         alive = proc is not None and proc.pid is not None and not _has_exited(proc)
         starting = self.state in (EngineState.STARTING, EngineState.RESTARTING, EngineState.FAILED)
-        return {
-            "state": self.state.value,
-            "worker_pid": self.pid,
-            "worker_alive": alive,
-            "restarts": self.restarts,
-            "last_error": self.last_error,
-            "in_flight": self.requests.in_delivery(self.name),
-            "phase": self.phase,
-            "attempt": self.attempt,
-            # the bound of a start, and of the restarts after a crash
-            "max_attempts": self.start_attempts if starting else None,
-        }
+        return EngineHealth(
+            state=self.state,
+            worker_pid=self.pid,
+            worker_alive=alive,
+            restarts=self.restarts,
+            last_error=self.last_error,
+            in_flight=self.requests.in_delivery(self.name),
+            phase=self.phase,
+            attempt=self.attempt,
+            max_attempts=self.start_attempts if starting else None,
+        )
+
+    # -- one model (runtime/model_switch.py serves several) -------------------------------------
+    def dispatch(self, model: str | None, request_id: str, build: Build) -> None:
+        self.submit(build())
+
+    def model_info(self, model: str | None) -> EngineInfo | None:
+        return self.info
+
+    def model_states(self) -> None:
+        return None

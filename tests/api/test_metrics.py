@@ -16,8 +16,11 @@ from edgellm.api.auth import Authenticator
 from edgellm.api.metrics import LATENCY_BUCKETS_S, ServiceMetrics, histogram_quantile, live_state
 from edgellm.api.registry import Registry
 from edgellm.api.service import Service, ServiceConfig
+from edgellm.engine.info import EngineStats
+from edgellm.engine.interface import EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, FinishReason
 from edgellm.runtime.prometheus import prometheus_text
+from tests.api.test_service import engine_info, engine_stats
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -91,13 +94,15 @@ def test_histogram_quantile_matches_promql():
 
 
 class FakeEngine:
+    """The parts of an EngineClient the gauges read (the rest is tests/api/test_service.RecordingEngine's)."""
+
     def __init__(self) -> None:
-        self.info = {"n_slots": 8}
-        self.stats = {"slots_total": 8, "slots_busy": 3, "waiting": 2, "steps": 40, "decode_ms_per_step": 5.0}
+        self.info = engine_info(n_slots=8)
+        self.stats: EngineStats | None = engine_stats(8, slots_busy=3, waiting=2, steps=40, decode_s=0.2)
         self.restarts = 0
 
-    def health(self) -> dict:
-        return {"state": "ready", "restarts": self.restarts}
+    def health(self) -> EngineHealth:
+        return EngineHealth(EngineState.READY, restarts=self.restarts)
 
     def in_flight(self) -> int:
         return 5
@@ -110,10 +115,10 @@ def test_gauges_are_read_at_scrape_time():
     assert s[("edgellm_in_flight", ())] == 5 and s[("edgellm_in_flight_limit", ())] == 64
     assert (s[("edgellm_slots_total", ())], s[("edgellm_slots_busy", ())], s[("edgellm_waiting", ())]) == (8, 3, 2)
     assert s[("edgellm_engine_restarts_total", ())] == 0 and s[("edgellm_engine_steps_total", ())] == 40
-    engine.restarts, engine.stats["slots_busy"] = 2, 7
+    engine.restarts, engine.stats = 2, engine_stats(8, slots_busy=7, waiting=2, steps=40, decode_s=0.2)
     s = samples(m.prometheus_text())
     assert s[("edgellm_engine_restarts_total", ())] == 2 and s[("edgellm_slots_busy", ())] == 7
-    engine.stats = {}  # before the worker's first pong: slot count from the engine info, no load gauges
+    engine.stats = None  # before the worker's first pong: slot count from the engine info, no load gauges
     s = samples(m.prometheus_text())
     assert s[("edgellm_slots_total", ())] == 8 and ("edgellm_slots_busy", ()) not in s
     types = {f.name: f.type for f in text_string_to_metric_families(m.prometheus_text().decode())}

@@ -15,6 +15,9 @@ from edgellm.api.auth import Authenticator
 from edgellm.api.registry import Registry, RegistryFull, RequestStatus
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.api.validation import parse_chat_request
+from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
+from edgellm.engine.interface import EngineHealth, EngineState
+from edgellm.engine.stats import StepStats
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason, Priority
 from edgellm.errors import InvalidRequest, UnknownRequest
 from tests.api.test_registry import fill_registry
@@ -27,16 +30,41 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def engine_info(**fields) -> EngineInfo:
+    """An EngineInfo as a worker reports it, with the fields a test cares about."""
+    defaults = dict(
+        model_name="m", model_path="m.gguf", n_slots=1, seq_ctx=1024, n_ctx=1024, n_threads=1, n_vocab=1000,
+        offload={}, warmup_ms=0.0, self_test=None, media={}, pid=1,
+    )  # fmt: skip
+    return EngineInfo(**{**defaults, **fields})
+
+
+def engine_stats(slots_total: int, slots_busy: int = 0, waiting: int = 0, **steps) -> EngineStats:
+    load = EngineLoad(slots_total=slots_total, slots_busy=slots_busy, waiting=waiting, n_threads=1, thread_switches=0)
+    return EngineStats(load, StepStats(**steps))
+
+
 class RecordingEngine:
+    """An EngineClient (engine/interface.py) that records what it is told."""
+
     def __init__(self) -> None:
-        self.info = {"n_vocab": 1000}
-        self.stats: dict = {}
+        self.info: EngineInfo | None = engine_info()
+        self.stats: EngineStats | None = None
         self.submitted: list[EngineRequest] = []
         self.inflight: set[str] = set()
 
     def submit(self, request: EngineRequest) -> None:
         self.submitted.append(request)
         self.inflight.add(request.request_id)
+
+    def dispatch(self, model: str | None, request_id: str, build) -> None:
+        self.submit(build())
+
+    def model_info(self, model: str | None) -> EngineInfo | None:
+        return self.info
+
+    def model_states(self) -> None:
+        return None
 
     def finish(self, service: Service, request_id: str, text: str = "done") -> None:
         self.inflight.discard(request_id)
@@ -48,8 +76,8 @@ class RecordingEngine:
     def in_flight(self) -> int:
         return len(self.inflight)
 
-    def health(self) -> dict:
-        return {"state": "ready"}
+    def health(self) -> EngineHealth:
+        return EngineHealth(EngineState.READY)
 
     def close(self) -> None: ...
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 
 from edgellm.engine.info import EngineInfo, EngineStats
+from edgellm.engine.interface import EngineState
 from edgellm.engine.types import EngineOutput
 from tests.engine.conftest import req
 
@@ -74,8 +75,8 @@ def test_the_in_process_client_is_an_engine_client(engine):
     finals = {o.request_id: o for o in got if o.finished}
     assert set(finals) == {"c-ok", "c-gone"} and finals["c-ok"].error is None
     assert client.in_flight() == 0
-    assert client.health()["state"] == "ready" and client.info["n_slots"] == len(engine.scheduler.slots)
-    assert client.stats["slots_busy"] == 0
+    assert client.health().state is EngineState.READY and client.info.n_slots == len(engine.scheduler.slots)
+    assert client.stats.load.slots_busy == 0
 
 
 def test_a_start_like_a_recorded_one_skips_its_self_test_and_probe_another_runs_them(model_path, tmp_path, monkeypatch):

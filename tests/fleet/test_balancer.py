@@ -24,7 +24,7 @@ from edgellm.api.registry import RequestStatus
 from edgellm.errors import UnknownRequest
 from edgellm.fleet import protocol as p
 from edgellm.fleet.balancer import BadSignature, Balancer
-from tests.api.test_service import chat, make_service
+from tests.api.test_service import chat, engine_stats, make_service
 
 pytestmark = pytest.mark.anyio
 
@@ -106,7 +106,7 @@ CONFIG = p.BalancingConfig(enabled=True, group=GROUP, pending_limit=1, debounce_
 
 def node(tmp_path, name: str, addr: str, store: MemoryStore, *, slots: int, config=CONFIG, known=(A, B)):
     service, engine = make_service(tmp_path / name)
-    engine.stats = {"slots_total": slots}
+    engine.stats = engine_stats(slots)
     member = p.Member(addr, name, "pipe", "EDGELLM_INFERENCE_API", "inst")
     balancer = Balancer(service, config, member, store, HmacSigner(addr, set(known)))
     service.delegator = balancer

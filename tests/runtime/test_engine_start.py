@@ -362,7 +362,7 @@ def test_health_reads_a_dead_worker_without_reaping_it(model_path):
     mp_connection.wait([proc.sentinel], timeout=30)
     engine._proc = proc  # as after a start: the worker it runs
     for _ in range(20):  # many reads: any one of them reaping would be enough to fail
-        assert engine.health()["worker_alive"] is False
+        assert engine.health().worker_alive is False
     pid, status = os.waitpid(proc.pid, 0)  # still ours to reap (ChildProcessError if health reaped it)
     assert pid == proc.pid and os.waitstatus_to_exitcode(status) == 7
 
@@ -373,9 +373,10 @@ def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not
     runs that very process (its pid) given the config then; one that died meanwhile is passed over for a
     fresh spawn; one nobody takes is killed and reaped by discard()."""
     from edgellm.engine.config import ModelConfig
+    from edgellm.engine.interface import EngineState
     from edgellm.runtime import prestart
     from edgellm.runtime.ipc import WorkerConfig
-    from edgellm.runtime.supervisor import EngineState, WorkerEngine
+    from edgellm.runtime.supervisor import WorkerEngine
 
     monkeypatch.setattr(prestart, "_meminfo_before", None)  # its reading must not outlive this test
     config = WorkerConfig(model=ModelConfig(path=model_path, n_ctx=1024, n_slots=1))
@@ -385,7 +386,7 @@ def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not
     try:
         engine.start()
         assert engine.state == EngineState.READY and engine._proc.pid == waiting
-        assert engine.info["n_slots"] == 1
+        assert engine.info is not None and engine.info.n_slots == 1
     finally:
         engine.close()
     assert prestart.take() is None and not alive(waiting)

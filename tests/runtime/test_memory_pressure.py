@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.interface import EngineState
 from edgellm.errors import EngineUnavailable
 from edgellm.runtime import ipc
 from edgellm.runtime.ipc import WorkerConfig
@@ -27,7 +28,7 @@ from edgellm.runtime.memory_pressure import (
 )
 from edgellm.runtime.process_memory import rss_mib
 from edgellm.runtime.settings import SettingsError, load_settings
-from edgellm.runtime.supervisor import EngineState, WorkerEngine
+from edgellm.runtime.supervisor import WorkerEngine
 from tests.nodeproc import LONG_GENERATION, NodeProcess
 
 MIB_KB = 1024

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import pytest
 
+from edgellm.engine.interface import EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.model_switch import ModelSwitch
-from edgellm.runtime.supervisor import EngineState
+from tests.api.test_service import engine_info
 
 MIB = 2**20
 
@@ -29,8 +29,8 @@ class StandInWorker:
     def __init__(self, name: str, on_output, events: list[tuple[str, str]]):
         self.name, self.on_output, self.events = name, on_output, events
         self.state = EngineState.STOPPED
-        self.info: dict[str, Any] = {"model_name": name}
-        self.stats: dict[str, Any] = {}
+        self.info = engine_info(model_name=name)
+        self.stats = None
         self.pid = id(self)
         self.on_failed_escalate: list[str] = []
         self.on_failed = self.on_failed_escalate.append  # the node's: serve would exit
@@ -56,8 +56,8 @@ class StandInWorker:
     def in_flight(self) -> int:
         return 0
 
-    def health(self) -> dict[str, Any]:
-        return {"state": self.state.value}
+    def health(self) -> EngineHealth:
+        return EngineHealth(self.state)
 
 
 class Harness:
