@@ -37,14 +37,10 @@ fails when it is defined: an unknown type cannot exist.
 
 from __future__ import annotations
 
-import importlib
-import logging
 import re
 from typing import Any
 
 from edgellm.compat import StrEnum
-
-log = logging.getLogger(__name__)
 
 
 class ErrorType(StrEnum):
@@ -92,26 +88,6 @@ class ErrorType(StrEnum):
             return cls(value)
         except ValueError:
             return cls.ENGINE_ERROR
-
-
-# Where the classes defined outside this module live: `error_class()` imports the home of a type it
-# has not seen yet (walking the tree finds only imported classes). tests/api/test_error_types.py
-# checks that every error class in edgellm/ is in its type's home here.
-ERROR_HOMES: dict[ErrorType, str] = {
-    ErrorType.INVALID_MEDIA: "edgellm.media.errors",
-    ErrorType.MEDIA_TOO_LARGE: "edgellm.media.errors",
-    ErrorType.LORA: "edgellm.engine.lora",
-    ErrorType.MODEL_NOT_FOUND: "edgellm.api.openai_compat",
-    ErrorType.REGISTRY_ERROR: "edgellm.api.registry",
-    ErrorType.INSUFFICIENT_STORAGE: "edgellm.api.registry",
-    ErrorType.REGISTRY_LOCKED: "edgellm.api.registry",
-    ErrorType.SETTINGS_ERROR: "edgellm.runtime.settings",
-    ErrorType.RATIO1_NODE_ERROR: "edgellm.ratio1.launcher",
-    ErrorType.INFER_INPUT: "edgellm.infer.contract",
-    ErrorType.SYNTH_INPUT: "edgellm.synth.schema",
-    ErrorType.BATCH_INPUT: "edgellm.batch.inputs",
-    ErrorType.PULL_FAILED: "edgellm.pull.errors",
-}
 
 
 class EdgeLLMError(Exception):
@@ -245,6 +221,104 @@ class MisdirectedRequest(EdgeLLMError):
     error_type = ErrorType.MISDIRECTED_REQUEST
 
 
+# -- the errors of one part, kept here so the tree is whole in the module every layer imports (an error
+# that arrives as data, from the worker, the registry or a Ratio1 answer, finds its class without
+# importing the part that raises it: the API process never imports llama.cpp or the Ratio1 launcher)
+class MediaError(InvalidRequest):
+    """Media a client sent: a bad reference or undecodable bytes (edgellm/media)."""
+
+    error_type = ErrorType.INVALID_MEDIA
+
+
+class MediaTooLarge(PayloadTooLarge):
+    """Media over a limit (edgellm/media). A PayloadTooLarge, not a MediaError: a 413 must not be caught by
+    `except InvalidRequest` and answered as a 400. Carries `param`, the request field at fault."""
+
+    error_type = ErrorType.MEDIA_TOO_LARGE
+
+    def __init__(self, message: str, *, param: str | None = None, **kw: Any):
+        super().__init__(message, **kw)
+        self.param = param
+
+
+class LoraError(InvalidRequest):
+    """An adapter that cannot be used: path refused, file unreadable, or not made for this model (engine/lora.py)."""
+
+    error_type = ErrorType.LORA
+
+
+class ModelNotFound(UnknownRequest):
+    """A request names a model the node does not serve (api/openai_compat.py, model_routes.py)."""
+
+    error_type = ErrorType.MODEL_NOT_FOUND
+
+
+class RegistryError(EdgeLLMError):
+    """The registry cannot be read or written: the node cannot take work it could not keep (api/registry.py)."""
+
+    http_status = 503
+    error_type = ErrorType.REGISTRY_ERROR
+
+
+class RegistryFull(RegistryError):
+    """The disk (or SQLite's size limit) is full: new work is refused until space is freed."""
+
+    http_status = 507
+    error_type = ErrorType.INSUFFICIENT_STORAGE
+
+
+class RegistryLocked(RegistryError):
+    error_type = ErrorType.REGISTRY_LOCKED
+
+
+class SettingsError(EdgeLLMError):
+    """A setting the node cannot start with (runtime/settings.py)."""
+
+    error_type = ErrorType.SETTINGS_ERROR
+
+
+class PresetError(SettingsError):
+    """A board preset that cannot be read or applied (runtime/presets.py)."""
+
+
+class Ratio1NodeError(EdgeLLMError):
+    """The Ratio1 node could not be set up or run (ratio1/launcher.py)."""
+
+    error_type = ErrorType.RATIO1_NODE_ERROR
+
+
+class InferInputError(EdgeLLMError):
+    """An `edgellm infer` input file cannot run at all; `path` is the JSON path of the field at fault (None:
+    the file) (infer/contract.py)."""
+
+    http_status = 400
+    error_type = ErrorType.INFER_INPUT
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class SynthInputError(EdgeLLMError):
+    """Unusable `edgellm synth` input (schema, options, output file): nothing was, or will be, sent."""
+
+    http_status = 400
+    error_type = ErrorType.SYNTH_INPUT
+
+
+class BatchInputError(EdgeLLMError):
+    """An unusable `edgellm batch-run` requests file or option (batch/inputs.py)."""
+
+    error_type = ErrorType.BATCH_INPUT
+
+
+class PullError(EdgeLLMError):
+    """What `edgellm pull` raises: a source it cannot fetch, a file that does not verify, no room. A
+    command-line error (it never reaches an HTTP client), so it keeps the tree's default status."""
+
+    error_type = ErrorType.PULL_FAILED
+
+
 # -- errors as data -> classes -----------------------------------------------------------------------
 _CLASSES: dict[ErrorType, type[EdgeLLMError]] = {}
 
@@ -266,19 +340,14 @@ def carriers(kind: ErrorType) -> list[type[EdgeLLMError]]:
 def error_class(error_type: ErrorType | str | None) -> type[EdgeLLMError]:
     """The class for an error that arrived as data (engine output, registry row, Ratio1 answer).
 
-    Found by walking the tree: the most general class carrying the type in the type's home module
-    (a subclass that only changes the message, or a second tool's class of the same kind and status,
-    does not stand for it). None and unknown strings are engine errors (ErrorType.of).
+    Found by walking the tree, all of it in this module: the most general class carrying the type (a
+    subclass that only changes the message does not stand for it). None and unknown strings are engine
+    errors (ErrorType.of).
     """
     kind = ErrorType.of(error_type) or ErrorType.ENGINE_ERROR
     cls = _CLASSES.get(kind)
     if cls is None:
-        home = ERROR_HOMES.get(kind, __name__)
-        try:
-            importlib.import_module(home)
-        except ImportError:  # a home that moved: the test suite names it; the request still gets an answer
-            log.exception("the module holding error_type %r cannot be imported", kind.value)
-        found = [c for c in carriers(kind) if c.__module__ == home]
+        found = [c for c in carriers(kind) if c.__module__ == __name__]
         general = [c for c in found if not any(o is not c and issubclass(c, o) for o in found)]
         cls = general[0] if len(general) == 1 else EngineError
         _CLASSES[kind] = cls

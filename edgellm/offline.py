@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from edgellm.api.output_processor import OutputProcessor, RequestOutput
+from edgellm.api.output_processor import OutputProcessor
+from edgellm.api.text_state import RequestOutput
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.core import EngineCore
 from edgellm.engine.info import EngineInfo, EngineStats

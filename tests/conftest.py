@@ -6,6 +6,7 @@ import tempfile
 import pytest
 
 from edgellm.runtime.settings import bundled_model_path
+from tests import nodeproc
 from tests.nodeproc import STARTED, NodeProcess, live_nodes, stop_all
 
 # Runs that take the default state folder (`edgellm infer`, batch-run --local) keep their files, the
@@ -35,8 +36,12 @@ def chat(content: str = "Say hello.", **fields) -> dict:
 
 
 SLOW_FILES = (
-    "tests/engine/",
     "tests/batch/",
+    # tests/engine/: the tests on the bundled model are slow by their fixture (model_path); these load a
+    # model otherwise (a fixture by name, a GGUF they build) or compile a corpus of schemas (~9 s).
+    "tests/engine/test_priorities.py",
+    "tests/engine/test_thinking.py",
+    "tests/engine/test_schema_corpus.py",
     "tests/infer/test_infer_run.py",
     "tests/infer/test_infer_multimodal.py",
     "test_multimodal_http.py",
@@ -62,14 +67,35 @@ SLOW_FILES = (
     "test_memory_pressure.py::test_the_node_",
     "test_energy.py::test_the_node_",
     "test_energy.py::test_the_engine_",
+    "test_memory_pressure.py::test_critical_pressure_frees_the_worker_caches",
+    "test_engine_start.py::test_a_restart_with_the_same_build",
+    "test_test_hygiene.py::test_a_node_that_does_not_become_healthy",  # waits out its 5 s bound
+    "test_request_ids_and_shutdown.py",
+    "test_rate_limit.py",
+    "tests/infer/test_infer_crash.py",  # `edgellm infer` runs on the bundled model, crashed on purpose
+    "test_doctor.py::test_doctor_passes",
+    "test_doctor.py::test_the_venv_build_has_no_amx",
+    "test_doctor.py::test_a_crash_in_the_self_test",
+    "test_install_service.py::test_real_install",  # builds a venv
 )
 
 
+# Every test that loads the bundled model reaches it through this fixture (directly or through another).
+SLOW_FIXTURES = frozenset({"model_path"})
+
+
 def pytest_collection_modifyitems(items):
-    """Tests that load the model or start the node are marked slow (`pytest -m "not slow"` skips them)."""
+    """`slow` = loads the model, starts a node or waits (`pytest -m "not slow"` skips them): a test that
+    uses a model fixture, or one of SLOW_FILES; a quick test that starts a node anyway fails (below)."""
     for item in items:
-        if any(part in item.nodeid for part in SLOW_FILES):
+        if any(part in item.nodeid for part in SLOW_FILES) or SLOW_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures are set up: a module's node starts in them
+def pytest_runtest_setup(item):
+    """The marks stay true: a test not marked slow that starts a node fails, naming the fix."""
+    nodeproc.QUICK_TEST = None if item.get_closest_marker("slow") else item.nodeid
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -28,6 +28,8 @@ READY_TIMEOUT_S = 120.0  # model load and the engine's self-test on a slow 2-cor
 
 _LIVE: set[NodeProcess] = set()
 STARTED: list[NodeProcess] = []  # the nodes the current test started (conftest attaches their logs to a failure)
+# The id of the running test when it is not marked slow (conftest sets it): such a test starts no node.
+QUICK_TEST: str | None = None
 
 
 class NodeProcess:
@@ -57,6 +59,8 @@ class NodeProcess:
         ]
 
     def start(self, wait: bool = True, timeout: float = READY_TIMEOUT_S) -> NodeProcess:
+        if QUICK_TEST is not None:
+            pytest.fail(f"{QUICK_TEST} starts a node but is not marked slow: add it to tests/conftest.py SLOW_FILES")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # Its own process group: the engine worker it spawns is in it, and so reachable (stop, sentinel).

@@ -1,8 +1,15 @@
-"""The import graph of edgellm/: exits 1 on an import cycle, or on batch/, fleet/, infer/ or synth/ importing
-the runtime (directly or through another module). Issue 20's "layers that read top-down", checked.
+"""The import graph of edgellm/: exits 1 on an import that points up a floor, an import cycle, or a module
+imported by string. Issue 20's "layers that read top-down" and issue 43's "no cycle of concepts", checked.
+
+Floors, bottom up (LAYERS): the ground (errors, compat, jsonsafe, wire, phases, gguf_split, the package
+itself); engine/ and media/; api/ (the service core and the dialects); what runs on the service or the
+engine without the node (fleet, batch, infer, synth, offline); the node (runtime/, ratio1/, pull/); the
+command line. A module imports its own floor or those below.
 
 Every `import edgellm...` counts, at module level or inside a function (a lazy import is still a
-dependency); imports under `if TYPE_CHECKING:` do not (they never run).
+dependency), and so do imports under `if TYPE_CHECKING:` for cycles: they never run, but a cycle of
+concepts hidden by them is still one. `importlib.import_module` / `__import__` in edgellm/ is refused:
+an import the graph cannot see.
 
     python tools/check_imports.py
 """
@@ -14,7 +21,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOWER_LAYERS = ("batch", "fleet", "infer", "synth")
+LAYERS = {
+    "engine": 1, "media": 1,
+    "api": 2,
+    "fleet": 3, "batch": 3, "infer": 3, "synth": 3, "offline": 3,
+    "runtime": 4, "ratio1": 4, "pull": 4,
+    "cli": 5, "cli_infer": 5, "__main__": 5,
+}  # fmt: skip
+
+
+def floor(module: str) -> int:
+    """A module's floor: its top-level package or module under edgellm/ (0: the ground, the package)."""
+    parts = module.split(".")
+    return LAYERS.get(parts[1], 0) if len(parts) > 1 else 0
 
 
 def modules() -> dict[str, Path]:
@@ -25,7 +44,7 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+def graph(mods: dict[str, Path], *, typing_too: bool = False) -> dict[str, set[str]]:
     def owner(name: str) -> str | None:  # the module an imported name lives in
         while name and name not in mods:
             name = name.rpartition(".")[0]
@@ -42,7 +61,7 @@ def graph(mods: dict[str, Path]) -> dict[str, set[str]]:
         }
         deps: set[str | None] = set()
         for node in ast.walk(tree):
-            if id(node) in typing_only:
+            if id(node) in typing_only and not typing_too:
                 continue
             if isinstance(node, ast.Import):
                 deps.update(owner(a.name) for a in node.names if a.name.startswith("edgellm"))
@@ -94,28 +113,33 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def reachable(edges: dict[str, set[str]], start: str) -> set[str]:
-    seen: set[str] = set()
-    todo = [start]
-    while todo:
-        for dep in edges.get(todo.pop(), ()):
-            if dep not in seen:
-                seen.add(dep)
-                todo.append(dep)
-    return seen
+def by_string(mods: dict[str, Path]) -> list[str]:
+    """Modules that import by name at run time (the graph cannot see those imports)."""
+    found = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("importlib.import_module", "__import__"):
+                found.append(f"{name}:{node.lineno}")
+    return found
 
 
 def main() -> int:
-    edges = graph(modules())
-    problems = [f"import cycle: {' <-> '.join(c)}" for c in cycles(edges)]
-    for name in sorted(edges):
-        if name.split(".")[1:2] and name.split(".")[1] in LOWER_LAYERS:
-            runtime = sorted(d for d in reachable(edges, name) if d.startswith("edgellm.runtime"))
-            if runtime:
-                problems.append(f"{name} reaches the runtime: {', '.join(runtime)}")
+    mods = modules()
+    edges = graph(mods)
+    upward = [f"{name} -> {dep}" for name in sorted(edges) for dep in sorted(edges[name]) if floor(dep) > floor(name)]
+    loops = cycles(graph(mods, typing_too=True))
+    strings = by_string(mods)
+    problems = (
+        [f"upward import: {line}" for line in upward]
+        + [f"import cycle (TYPE_CHECKING included): {' <-> '.join(c)}" for c in loops]
+        + [f"import by string: {where}" for where in strings]
+    )
     for line in problems:
         print(line)
-    print(f"{len(edges)} modules: {'no cycles, no layer breach' if not problems else f'{len(problems)} problem(s)'}")
+    print(
+        f"{len(edges)} modules: {len(upward)} upward imports, {len(loops)} cycles (TYPE_CHECKING included), "
+        f"{len(strings)} imports by string"
+    )
     return 1 if problems else 0
 
 

@@ -14,7 +14,7 @@ from edgellm.api.chat_request import ChatRequest
 from edgellm.api.display import show, show_name
 from edgellm.api.fields import MAX_MESSAGES, MAX_PROMPT_BYTES, OPENAI_PASSTHROUGH
 from edgellm.api.validation import parse_chat_request
-from edgellm.errors import EdgeLLMError, InvalidRequest, UnknownRequest
+from edgellm.errors import EdgeLLMError, InvalidRequest, ModelNotFound
 
 # Accepted and ignored: they change nothing about generation on a local node.
 IGNORED_FIELDS = frozenset({"user", "store", "service_tier", "metadata", "stream_options"})
@@ -56,10 +56,6 @@ ERROR_TYPES = {
     503: "server_error",
     504: "timeout_error",
 }
-
-
-class ModelNotFound(UnknownRequest):
-    error_type = "model_not_found"
 
 
 @dataclass(frozen=True)

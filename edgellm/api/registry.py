@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgellm.api.request_state import public_id
+from edgellm.api.request_ids import public_id
 from edgellm.compat import StrEnum
-from edgellm.errors import EdgeLLMError, ErrorType
+from edgellm.errors import ErrorType, RegistryError, RegistryFull, RegistryLocked
 
 log = logging.getLogger(__name__)
 
@@ -63,24 +63,6 @@ class RequestStatus(StrEnum):
     @property
     def is_finished(self) -> bool:
         return self is not RequestStatus.PENDING
-
-
-class RegistryError(EdgeLLMError):
-    """The registry cannot be read or written: the node cannot take work it could not keep."""
-
-    http_status = 503
-    error_type = ErrorType.REGISTRY_ERROR
-
-
-class RegistryFull(RegistryError):
-    """The disk (or SQLite's size limit) is full: new work is refused until space is freed."""
-
-    http_status = 507
-    error_type = ErrorType.INSUFFICIENT_STORAGE
-
-
-class RegistryLocked(RegistryError):
-    error_type = ErrorType.REGISTRY_LOCKED
 
 
 _U64 = 2**64

@@ -10,9 +10,7 @@ one RequestState per request key, instead of in a dictionary per concern:
   left, and its attempts in this boot (the worker supervisor's in-flight entry).
 A state is dropped as soon as none of these is left. The engine worker keeps only what scheduling needs.
 
-Request keys: a request id chosen by a caller with a token is unique for that token only, so the
-key is `<id>@<owner>` (ids are `[A-Za-z0-9._:-]`, never `@`); anonymous and generated ids are their
-own key. `public_id()` turns a key back into what the caller sees.
+States are kept by request key (api/request_ids.py).
 """
 
 from __future__ import annotations
@@ -27,24 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from edgellm.api.output_processor import TextState
     from edgellm.api.reply import ReplySpec
     from edgellm.api.results import Outcome
+    from edgellm.api.text_state import TextState
     from edgellm.engine.types import EngineRequest
 
 log = logging.getLogger("edgellm.requests")
-
-OWNER_SEP = "@"
-
-
-def request_key(request_id: str, owner: str | None) -> str:
-    """The key a caller's own id is registered and run under (see the module docstring)."""
-    return request_id if owner is None else f"{request_id}{OWNER_SEP}{owner}"
-
-
-def public_id(key: str) -> str:
-    """The request id its caller sees, for a key."""
-    return key.partition(OWNER_SEP)[0]
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 from edgellm.api.display import kind_of, show, show_name
 from edgellm.api.json_values import has_surrogate
 from edgellm.api.openai_compat import check_model, refuse_unknown
-from edgellm.api.request_state import public_id
+from edgellm.api.request_ids import public_id
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest, UnknownRequest
 
 META_KEY = "openai_response"  # the record metadata key that marks a request as a /v1/responses one

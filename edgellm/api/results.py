@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from edgellm.api.output_processor import RequestOutput
 from edgellm.api.registry import RequestStatus
+from edgellm.api.text_state import RequestOutput
 from edgellm.engine.types import FinishReason
 from edgellm.errors import ErrorType, WaitTimeout, error_from
 

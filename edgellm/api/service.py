@@ -25,9 +25,10 @@ from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.lanes import Pause, lanes_body, paused_lanes, thermal_refusal
 from edgellm.api.metrics import ServiceMetrics, live_state
 from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
-from edgellm.api.output_processor import OutputProcessor, RequestOutput
+from edgellm.api.output_processor import OutputProcessor
 from edgellm.api.registry import Registry, RegistryFull, RequestRecord, RequestStatus
-from edgellm.api.request_state import RequestTable, public_id, request_key
+from edgellm.api.request_ids import public_id, request_key
+from edgellm.api.request_state import RequestTable
 from edgellm.api.results import Outcome, outcome_of
 from edgellm.api.submission import (
     ServiceConfig,
@@ -36,6 +37,7 @@ from edgellm.api.submission import (
     load_media,
     parse_openai_now,
 )
+from edgellm.api.text_state import RequestOutput
 from edgellm.api.validation import ChatRequest, parse_chat_request
 from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.info import EngineInfo

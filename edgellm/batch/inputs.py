@@ -16,12 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm import jsonsafe
-from edgellm.errors import EdgeLLMError
-
-
-class BatchInputError(EdgeLLMError):
-    error_type = "batch_input"
-
+from edgellm.errors import BatchInputError
 
 # A request's optional `url` (as in OpenAI batch files): the route it goes to; chat when absent.
 CHAT_URL = "/v1/chat/completions"

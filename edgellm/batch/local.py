@@ -59,7 +59,6 @@ from edgellm.api.completions_compat import (
 from edgellm.api.embeddings_compat import EmbeddingsCall, embeddings_body, parse_embeddings
 from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
-from edgellm.api.output_processor import RequestOutput
 from edgellm.api.service import (
     ServiceConfig,
     check_vocabulary,
@@ -68,6 +67,7 @@ from edgellm.api.service import (
     outcome_of,
     parse_openai_now,
 )
+from edgellm.api.text_state import RequestOutput
 from edgellm.api.validation import ChatRequest
 from edgellm.batch.http_client import answer_outcome, wire_body
 from edgellm.batch.inputs import COMPLETIONS_URL, EMBEDDINGS_URL, url_of

@@ -38,7 +38,7 @@ import numpy as np
 
 from edgellm.engine.gguf_header import read_header
 from edgellm.engine.shape import ModelShape
-from edgellm.errors import EngineError, InvalidRequest
+from edgellm.errors import EngineError, LoraError
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
 PEFT_CONFIG = "adapter_config.json"
@@ -53,12 +53,6 @@ ROPE_UNPERMUTED_ARCHS = frozenset({"qwen2", "qwen2moe", "qwen3", "qwen3moe", "ge
 _PEFT_PREFIX = "base_model.model."
 _LORA_SUFFIXES = {".lora_A.weight": "lora_a", ".lora_B.weight": "lora_b"}
 _FLOAT_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
-
-
-class LoraError(InvalidRequest):
-    """An adapter that cannot be used: path refused, file unreadable, or not made for this model."""
-
-    error_type = "lora"
 
 
 # -- which path ------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from edgellm import __version__
 from edgellm.api.chat_request import ChatRequest
 from edgellm.api.registry import RequestStatus
-from edgellm.api.request_state import public_id
+from edgellm.api.request_ids import public_id
 from edgellm.api.validation import normalized_messages, parse_chat_request
 from edgellm.engine.interface import EngineState
 from edgellm.errors import EdgeLLMError, ErrorType, InvalidRequest

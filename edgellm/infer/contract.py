@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from edgellm import jsonsafe
 from edgellm.engine.types import CacheCommit, EngineRequest, GuideSpec, Priority, SamplingParams
-from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest
+from edgellm.errors import GuideError, InferInputError, InvalidRequest
 from edgellm.infer.models import (
     InputFile,
     Request,
@@ -64,17 +64,6 @@ DEFAULTS: dict[str, Any] = {
     "available_lora_weights": {},
     "guided_decoding": None,
 }
-
-
-class InferInputError(EdgeLLMError):
-    """The input file cannot run at all; `path` is the JSON path of the field at fault (None: the file)."""
-
-    http_status = 400
-    error_type = "infer_input"
-
-    def __init__(self, message: str, *, path: str | None = None):
-        super().__init__(message)
-        self.path = path
 
 
 @dataclass

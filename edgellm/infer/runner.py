@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edgellm.api.output_processor import RequestOutput
+from edgellm.api.text_state import RequestOutput
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.model import raw_prompt_text
 from edgellm.engine.types import CacheCommit, EngineRequest, FinishReason, SamplingParams, StopCause

@@ -6,22 +6,7 @@ and answered as a 400. Both carry `param` (the request field at fault); catch bo
 
 from __future__ import annotations
 
-from typing import Any
-
-from edgellm.errors import ErrorType, InvalidRequest, PayloadTooLarge
-
-
-class MediaError(InvalidRequest):
-    error_type = ErrorType.INVALID_MEDIA
-
-
-class MediaTooLarge(PayloadTooLarge):
-    error_type = ErrorType.MEDIA_TOO_LARGE
-
-    def __init__(self, message: str, *, param: str | None = None, **kw: Any):
-        super().__init__(message, **kw)
-        self.param = param
-
+from edgellm.errors import MediaError, MediaTooLarge
 
 MEDIA_ERRORS = (MediaError, MediaTooLarge)
 

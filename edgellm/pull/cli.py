@@ -10,7 +10,7 @@ import sys
 
 import httpx
 
-from edgellm.pull.errors import PullError
+from edgellm.errors import PullError
 from edgellm.pull.fetch import fetch
 from edgellm.pull.sources import plan
 

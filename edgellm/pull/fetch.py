@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from edgellm.errors import PullError
 from edgellm.pull import hf_cache
-from edgellm.pull.errors import PullError
 from edgellm.pull.sources import RemoteFile, hf_endpoint
 
 CHUNK = 1 << 20

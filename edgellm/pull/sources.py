@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from edgellm import gguf_split
-from edgellm.pull.errors import PullError
+from edgellm.errors import PullError
 from edgellm.runtime.presets import PresetError, available, load_preset
 
 HF_ENDPOINT = "https://huggingface.co"

@@ -32,11 +32,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import Ratio1NodeError
 from edgellm.ratio1.install import ALIAS_MODULE, ALIAS_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -85,10 +86,6 @@ print(bc.maybe_add_prefix(bc.address))
 # offline nodes (notes/ratio1_balancing.md, 2.3). Peers are refreshed every 5 s instead of 60 s, so that a
 # whitelisted peer that just came up is written to within seconds.
 CHAINSTORE_ADMIN = {"FORCED_PAUSE": False, "TUNNEL_ENGINE_ENABLED": False, "CHAIN_PEERS_REFRESH_INTERVAL": 5}
-
-
-class Ratio1NodeError(EdgeLLMError):
-    error_type = "ratio1_node_error"
 
 
 @dataclass
@@ -301,6 +298,12 @@ class Ratio1Node:
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Ratio1Node:
+        """launch(), then wait_ready(): the node serves when this returns."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> Ratio1Node:
+        """Render the work dir and start the broker (if this node owns it) and the node process, without
+        waiting for the node to serve (wait_ready() does): a fleet's nodes boot side by side."""
         own_broker = self.options.broker_port is None
         mosquitto = find_mosquitto() if own_broker else None
         if not (REPO_ROOT / "extensions").is_dir():
@@ -333,6 +336,15 @@ class Ratio1Node:
             if own_broker:
                 self._start_broker(mosquitto)
             self._start_node(startup)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self) -> Ratio1Node:
+        """Until the first API instance answers GET /health with 200 (no wait without one); sets ready_s.
+        The node is stopped when it does not get there."""
+        try:
             if self.instances:
                 self.wait_http(self.instances[0], timeout_s=self.options.ready_timeout_s)
         except BaseException:
@@ -491,7 +503,7 @@ class Ratio1Node:
                 last = f"HTTP {status}"
             except OSError as exc:
                 last = type(exc).__name__
-            time.sleep(0.25)
+            time.sleep(0.1)
         raise Ratio1NodeError(
             f"{instance.base_url}{path} not ready after {timeout_s:g} s ({last}):\n{_tail(self.log_path)}"
         )
@@ -542,13 +554,17 @@ def fleet(options: list[NodeOptions], *, node_class: type[Ratio1Node] = Ratio1No
         o.chainstore = True
         o.mqtt_port, o.broker_port = (mqtt_port, None) if i == 0 else (None, mqtt_port)
     nodes = [node_class(o) for o in options]
-    for node in nodes:
-        node.make_key()
+    with ThreadPoolExecutor(len(nodes)) as pool:  # each key is a Python start of its own (~1-2 s): together
+        list(pool.map(lambda node: node.make_key(), nodes))
     for node in nodes:
         node.options.peers = [f"{peer.address} {peer.options.node_id}" for peer in nodes if peer is not node]
     try:
+        # Every node boots at once (node 0's broker listens before launch() returns, so the others find
+        # it); then each is waited for. One after the other, each would wait out the boots before it.
         for node in nodes:
-            node.start()
+            node.launch()
+        for node in nodes:
+            node.wait_ready()
         yield nodes
     finally:
         # Each node takes ~20 s to shut down: all at once, and the broker they share only after them.

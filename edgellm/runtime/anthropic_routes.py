@@ -10,10 +10,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from edgellm.api import anthropic_compat as ac
-from edgellm.api.output_processor import RequestOutput
-from edgellm.api.request_state import public_id
+from edgellm.api.request_ids import public_id
 from edgellm.api.results import Outcome, finish_reason, outcome_of, status_of
 from edgellm.api.service import Service
+from edgellm.api.text_state import RequestOutput
 from edgellm.engine.types import StopCause
 from edgellm.errors import EdgeLLMError, WaitTimeout
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse

@@ -21,7 +21,7 @@ from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
 from edgellm.api.model_routes import ModelRoute
 from edgellm.api.openai_compat import error_body
 from edgellm.api.registry import Registry
-from edgellm.api.request_state import public_id
+from edgellm.api.request_ids import public_id
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized

@@ -31,10 +31,10 @@ from edgellm.api.completions_compat import (
     usage_chunk,
 )
 from edgellm.api.openai_compat import error_body, now
-from edgellm.api.output_processor import RequestOutput
-from edgellm.api.request_state import public_id
+from edgellm.api.request_ids import public_id
 from edgellm.api.results import finish_reason, status_of, usage_of
 from edgellm.api.service import Service
+from edgellm.api.text_state import RequestOutput
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body

@@ -12,16 +12,12 @@ from typing import Any
 
 import yaml
 
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import PresetError
 
 # Installed presets (tools/install_service.sh copies them here), then the source tree's (editable
 # installs, running from a checkout).
 INSTALLED_DIR = Path("/etc/edgellm/models")
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
-
-
-class PresetError(EdgeLLMError):
-    error_type = "settings_error"
 
 
 @dataclass(frozen=True)

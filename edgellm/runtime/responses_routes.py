@@ -15,10 +15,10 @@ from fastapi.responses import Response, StreamingResponse
 
 from edgellm.api import responses_compat as rc
 from edgellm.api.openai_compat import error_body
-from edgellm.api.output_processor import RequestOutput
-from edgellm.api.request_state import public_id
+from edgellm.api.request_ids import public_id
 from edgellm.api.results import outcome_of
 from edgellm.api.service import Service
+from edgellm.api.text_state import RequestOutput
 from edgellm.errors import EdgeLLMError
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body

@@ -42,16 +42,12 @@ from edgellm.engine.memory_plan import (
     plan_memory,
     projector_bytes,
 )
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import SettingsError
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.runtime import prestart
 from edgellm.runtime.presets import PresetError, load_preset
 
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class SettingsError(EdgeLLMError):
-    error_type = "settings_error"
 
 
 # What a `models:` entry may set besides its files: the engine settings a model is sized and run with.

@@ -15,7 +15,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from edgellm import jsonsafe
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import SynthInputError
 
 MAX_SCHEMA_BYTES = 256 * 1024  # the node refuses bigger request bodies anyway; say so before sending
 DEFAULT_PROMPT = (
@@ -23,13 +23,6 @@ DEFAULT_PROMPT = (
     "Use realistic, varied values; make this record different from the others."
 )
 SYSTEM_PROMPT = "You generate synthetic data. Answer with one JSON object that matches the given JSON schema."
-
-
-class SynthInputError(EdgeLLMError):
-    """Unusable input (schema, options, output file): nothing was, or will be, sent."""
-
-    http_status = 400
-    error_type = "synth_input"
 
 
 def strict_loads(text: str | bytes, *, lone_surrogates: jsonsafe.Surrogates = "keep") -> Any:

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from edgellm.api.request_state import RequestTable, public_id, request_key
+from edgellm.api.request_ids import public_id, request_key
+from edgellm.api.request_state import RequestTable
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
 from edgellm.errors import InvalidRequest, UnknownRequest
 from tests.api.test_service import chat, make_service

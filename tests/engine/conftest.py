@@ -4,7 +4,8 @@ import logging
 
 import pytest
 
-from edgellm.api.output_processor import OutputProcessor, RequestOutput
+from edgellm.api.output_processor import OutputProcessor
+from edgellm.api.text_state import RequestOutput
 from edgellm.engine.core import EngineCore
 from edgellm.engine.model import ModelConfig
 from edgellm.engine.scheduler import Scheduler

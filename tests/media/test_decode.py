@@ -172,7 +172,8 @@ def test_huge_declared_size_is_refused_before_decoding(tmp_path, fmt):
     start = time.monotonic()
     with pytest.raises(MediaTooLarge) as caught:
         decode_image(data, LIMITS, param="image_url")
-    assert time.monotonic() - start < 0.2
+    # Refused from its header, before any pixel is decoded (that would take seconds and GBs); VM slack.
+    assert time.monotonic() - start < 2.0
     assert caught.value.http_status == 413 and caught.value.error_type == "media_too_large"
     assert caught.value.param == "image_url"
     assert "the limit is 16777216 pixels" in caught.value.message
@@ -277,8 +278,8 @@ def test_wav_is_resampled_to_mono(wav_path):
 
 @pytest.mark.parametrize("ext", ["mp3", "flac", "ogg"])
 def test_compressed_audio_via_sox(wav_path, tmp_path, ext):
-    if shutil.which("sox") is None:
-        pytest.skip("sox is not installed: cannot produce the mp3/flac/ogg test files")
+    if shutil.which("sox") is None:  # a missing tool fails, as everywhere in the suite (make system-deps)
+        pytest.fail("sox is not installed: `make system-deps` installs the Debian packages sox, libsox-fmt-mp3")
     out = tmp_path / f"sine.{ext}"
     subprocess.run(["sox", str(wav_path), str(out)], check=True, capture_output=True, timeout=30)
     data = out.read_bytes()

@@ -351,4 +351,5 @@ def test_remote_deadline_covers_the_whole_download(server):
     start = time.monotonic()
     with pytest.raises(MediaError, match="took longer than 0.5 s"):
         load_bytes(f"{server}/slow", sources, LIMITS)
-    assert time.monotonic() - start < 1.0
+    # The whole download takes 3 s (30 bytes, 0.1 s apart): the deadline cut it, with 2 s for a loaded VM.
+    assert time.monotonic() - start < 2.5

@@ -461,7 +461,7 @@ def test_shed_caches_asks_only_a_ready_worker_and_waits_briefly() -> None:
     assert line == "engine worker: embedding context freed (512 tokens); RSS 405.3 -> 383 MiB"
     started = time.monotonic()
     assert engine.shed_caches({}, timeout_s=0.2) == "engine worker: asked to free its caches; no answer within 0.2 s"
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # bounded (a silent worker would hold it forever); VM slack
     assert isinstance(worker_end.recv(), ipc.ShedMemory)  # it was asked
     worker_end.send(ipc.MemoryShed(99, (), None, None))  # an answer nobody waits for is dropped quietly
     worker_end.close()

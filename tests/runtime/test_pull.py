@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from edgellm import gguf_split
-from edgellm.pull.errors import PullError
+from edgellm.errors import PullError
 from edgellm.pull.fetch import DiskUsage, fetch
 from edgellm.pull.sources import plan
 from edgellm.runtime.presets import load_preset

@@ -310,7 +310,6 @@ def get_weather(city: str, unit: Literal["c", "f"]) -> str:
 
 
 def test_langchain_bind_tools_and_a_tool_message_follow_up(nodes):
-    pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_openai import ChatOpenAI
 
@@ -337,7 +336,6 @@ def test_langchain_bind_tools_and_a_tool_message_follow_up(nodes):
 
 
 def test_langchain_stream_adds_up_to_whole_calls(nodes):
-    pytest.importorskip("langchain_openai")
     from langchain_openai import ChatOpenAI
 
     node = nodes.get("generic")
