@@ -3,11 +3,10 @@ over the same Service and request path as /v1/chat/completions (api/anthropic_co
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from edgellm.api import anthropic_compat as ac
 from edgellm.api.request_ids import public_id
@@ -15,11 +14,10 @@ from edgellm.api.results import Outcome, finish_reason, outcome_of, status_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.engine.types import StopCause
-from edgellm.errors import EdgeLLMError, WaitTimeout
+from edgellm.errors import EdgeLLMError
+from edgellm.runtime.generation_flow import serve_generation
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
-from edgellm.runtime.http_guard import remember_request_id
-from edgellm.runtime.openai_routes import ClientGone, raise_for_failure, unless_disconnected
 
 API_KEY_HEADER = "x-api-key"  # the Anthropic clients' header; Authorization: Bearer works as well
 
@@ -68,34 +66,31 @@ def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
     async def messages(request: Request):
         try:
             owner, chat, opts = await parse(request, count=False)
-            # Streamed inside either way: the final output says whether a stop sequence ended the reply.
-            key = await service.submit(chat, mode="sync", stream=True, owner=owner)
-            outputs = service.stream(key)
-            if not opts.stream:
-                remember_request_id(request.scope, public_id(key))  # named in the 503 if shutdown cuts the wait
-                try:
-                    final = await _final_unless_disconnected(service, request, key, outputs, chat.timeout)
-                except ClientGone:
-                    return Response(status_code=499)  # nobody reads it
-                outcome = outcome_of(final, chat.model or service.model_name, public_id(key))
-                result = outcome.result_or_raise(public_id(key))
+            model = chat.model or service.model_name
+
+            def answer(key: str, final: RequestOutput) -> dict:
+                result = outcome_of(final, model, public_id(key)).result_or_raise(public_id(key))
                 return ac.message_body(
                     public_id(key),
-                    chat.model or service.model_name,
+                    model,
                     result["FULL_OUTPUT"][0],
                     by_stop_string=final.stop_cause is StopCause.STOP_STRING,
                     stop_sequences=opts.stop_sequences,
                 )
-            first = await anext(outputs)
-            if first.finished:
-                raise_for_failure(first)
+
+            return await serve_generation(
+                service,
+                request,
+                chat,
+                owner,
+                stream=opts.stream,
+                answer=answer,
+                events=lambda key, first, outputs: _events(service, key, first, outputs, opts, model),
+                # Streamed inside either way: the final output says whether a stop sequence ended the reply.
+                final_output=True,
+            )
         except EdgeLLMError as exc:
             return error_response(exc)
-        return StreamingResponse(
-            _events(service, key, first, outputs, opts, chat.model or service.model_name),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
 
     @app.post("/v1/messages/count_tokens", openapi_extra=_schema(count=True))
     async def count_tokens(request: Request):
@@ -104,32 +99,6 @@ def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
             return {"input_tokens": await service.count_prompt_tokens(chat)}
         except EdgeLLMError as exc:
             return error_response(exc)
-
-
-async def _final_unless_disconnected(
-    service: Service, request: Request, key: str, outputs: AsyncGenerator[RequestOutput, None], timeout_s: float
-) -> RequestOutput:
-    """The request's final output; a caller that hangs up cancels its generation (as the OpenAI route)."""
-
-    async def last() -> RequestOutput:
-        final = None
-        async for out in outputs:  # to its end (the stream lets go of the request there)
-            final = out
-        if final is None or not final.finished:
-            raise EdgeLLMError("the request's stream ended without a final output")
-        return final
-
-    async def last_in_time() -> RequestOutput:
-        try:
-            return await asyncio.wait_for(last(), timeout_s + 5.0)  # the grace Service.wait gives too
-        except asyncio.TimeoutError:  # builtin TimeoutError only from 3.11
-            shown = public_id(key)
-            raise WaitTimeout(
-                f"request {shown} did not finish within {timeout_s:g} s; poll /request_status?request_id={shown}",
-                request_id=shown,
-            ) from None
-
-    return await unless_disconnected(service, request, key, last_in_time())
 
 
 async def _events(

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from edgellm.api import model_routes
 from edgellm.api.chat_request import ChatRequest
@@ -36,10 +36,10 @@ from edgellm.api.results import finish_reason, status_of, usage_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError
+from edgellm.runtime.generation_flow import CLIENT_CLOSED, ClientGone, event_stream, raise_for_failure
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
 from edgellm.runtime.http_guard import remember_request_id
-from edgellm.runtime.openai_routes import ClientGone, raise_for_failure
 
 SETTLE_S = 5.0  # how long a refused body's already-submitted prompts get to end after their abort
 
@@ -94,16 +94,12 @@ def add_completions_routes(app: FastAPI, service: Service, max_body_bytes: int) 
                 try:
                     results = await _wait_all(service, request, keys, chats)
                 except ClientGone:
-                    return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+                    return Response(status_code=CLIENT_CLOSED)
                 return completion_response(results, opts, chats[0].model or service.model_name, echoes)
             streams, firsts = await _first_outputs(service, keys)
         except EdgeLLMError as exc:
             return _error(exc)
-        return StreamingResponse(
-            _events(service, keys, streams, firsts, opts, echoes, chats[0].model or service.model_name),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        return event_stream(_events(service, keys, streams, firsts, opts, echoes, chats[0].model or service.model_name))
 
 
 async def _submit_all(service: Service, chats: list[ChatRequest], owner: str | None, *, stream: bool) -> list[str]:

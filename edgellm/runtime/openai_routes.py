@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from typing import TypeVar
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
 
 from edgellm.api.openai_compat import (
     OpenAIOptions,
@@ -20,15 +17,13 @@ from edgellm.api.openai_compat import (
     now,
 )
 from edgellm.api.request_ids import public_id
-from edgellm.api.results import Outcome, finish_reason, status_of, usage_of
+from edgellm.api.results import finish_reason, status_of, usage_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.errors import EdgeLLMError
+from edgellm.runtime.generation_flow import serve_generation
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
-from edgellm.runtime.http_guard import remember_request_id
-
-T = TypeVar("T")
 
 
 def _sse(data: dict | str) -> str:
@@ -54,34 +49,18 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
             owner = authenticate(service, request)  # the header alone: no body read without it
             body = await read_json_body(request, max_body_bytes)
             chat, opts = await service.parse_openai(body, request.is_disconnected, owner=owner)
-            if not opts.stream:
-                request_id = await service.submit(chat, mode="sync", owner=owner)
-                # named in the 503 if shutdown cuts the wait (as its caller knows it)
-                remember_request_id(request.scope, public_id(request_id))
-                try:
-                    result = await _wait_unless_disconnected(service, request, request_id, chat.timeout)
-                except ClientGone:
-                    return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-                return completion_body(result, opts)
-            request_id = await service.submit(chat, mode="sync", stream=True, owner=owner)
-            outputs = service.stream(request_id)
-            first = await anext(outputs)
-            if first.finished:
-                raise_for_failure(first)
+            model = chat.model or service.model_name
+            return await serve_generation(
+                service,
+                request,
+                chat,
+                owner,
+                stream=opts.stream,
+                answer=lambda key, result: completion_body(result, opts),
+                events=lambda key, first, outputs: _events(service, key, first, outputs, opts, chat.n, model),
+            )
         except EdgeLLMError as exc:
             return _error(exc)
-        return StreamingResponse(
-            _events(service, request_id, first, outputs, opts, chat.n, chat.model or service.model_name),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-
-
-def raise_for_failure(out: RequestOutput) -> None:
-    """A stream that ended before its first delta: answer with its error status, not a 200 stream."""
-    status, error, error_type = status_of(out)
-    if status.value != "completed":
-        Outcome(out.request_id, status, None, error, error_type).result_or_raise(public_id(out.request_id))
 
 
 async def _events(
@@ -142,29 +121,3 @@ async def _events(
     finally:
         if not done:  # the client went away mid-stream: free the slot
             service.abort(key)
-
-
-async def _wait_unless_disconnected(service: Service, request: Request, request_id: str, timeout_s: float) -> dict:
-    """Wait for the result; a caller that hangs up cancels its generation (its slot frees at the next step)."""
-    return await unless_disconnected(service, request, request_id, service.wait(request_id, timeout_s))
-
-
-async def unless_disconnected(service: Service, request: Request, key: str, answer: Awaitable[T]) -> T:
-    """Await `answer` (a request's result or final output) while watching the caller: one that hangs up
-    has request `key` aborted (its slot frees at the next step) and raises ClientGone."""
-    waiter = asyncio.ensure_future(answer)
-    try:
-        while True:
-            done, _ = await asyncio.wait({waiter}, timeout=0.5)
-            if done:
-                return waiter.result()
-            if await request.is_disconnected():
-                service.abort(key)
-                raise ClientGone(key)
-    finally:
-        if not waiter.done():
-            waiter.cancel()
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before its answer was ready."""

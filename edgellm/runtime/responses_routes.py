@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
 
 from edgellm.api import responses_compat as rc
 from edgellm.api.openai_compat import error_body
@@ -20,10 +19,9 @@ from edgellm.api.results import outcome_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.errors import EdgeLLMError
+from edgellm.runtime.generation_flow import serve_generation
 from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.http_common import authenticate, read_json_body
-from edgellm.runtime.http_guard import remember_request_id
-from edgellm.runtime.openai_routes import ClientGone, _wait_unless_disconnected, raise_for_failure
 from edgellm.wire import render
 
 BODY_DOC = {
@@ -72,28 +70,20 @@ def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
                 raise rc.translate_error(exc, sources) from None
             # What the response object echoes rides in the record's metadata (the chat route keeps none).
             chat = chat.model_copy(update={"metadata": {rc.META_KEY: req.meta}})
-            key = await service.submit(chat, mode="sync", stream=req.stream, owner=owner)
-            rid = rc.response_id(public_id(key))
-            remember_request_id(request.scope, public_id(key))  # named in the 503 if shutdown cuts the wait
             params = chat.params_dict()
-            if not req.stream:
-                try:
-                    result = await _wait_unless_disconnected(service, request, key, chat.timeout)
-                except ClientGone:
-                    return Response(status_code=499)
-                done = rc.StoredResponse(key, rid, "completed", req.meta, params, result, None, None)
-                return rc.response_body(done)
-            outputs = service.stream(key)
-            first = await anext(outputs)
-            if first.finished:
-                raise_for_failure(first)
+
+            def answer(key: str, result: dict) -> dict:
+                rid = rc.response_id(public_id(key))
+                return rc.response_body(rc.StoredResponse(key, rid, "completed", req.meta, params, result, None, None))
+
+            def events(key: str, first: RequestOutput, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
+                return _events(service, key, rc.response_id(public_id(key)), req.meta, params, first, outputs)
+
+            return await serve_generation(
+                service, request, chat, owner, stream=req.stream, answer=answer, events=events
+            )
         except EdgeLLMError as exc:
             return _error(exc)
-        return StreamingResponse(
-            _events(service, key, rid, req.meta, params, first, outputs),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
 
     @app.get("/v1/responses/{response_id}", openapi_extra=ID_DOC)
     async def get_response(request: Request):
