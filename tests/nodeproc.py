@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,11 +32,28 @@ _LIVE: set[NodeProcess] = set()
 STARTED: list[NodeProcess] = []  # the nodes the current test started (conftest attaches their logs to a failure)
 # The id of the running test when it is not marked slow (conftest sets it): such a test starts no node.
 QUICK_TEST: str | None = None
+START_RECORD = "engine-start.json"  # in a node's state dir (engine/start_record.py)
+
+
+def shared_start_record() -> Path:
+    """The engine start record the test session's nodes share (in the session's own state folder,
+    tests/conftest.py): a node whose build, CPU, model and engine config one before it self-tested
+    skips the self-test and the decode-cost probe, ~1.2 s of each of ~80 node starts. The first node of
+    each config still runs both; a test about the record itself starts with none (fresh_start_record)."""
+    return Path(os.environ.get("XDG_STATE_HOME") or tempfile.gettempdir()) / f"shared-{START_RECORD}"
 
 
 class NodeProcess:
-    def __init__(self, state_dir: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        fresh_start_record: bool = False,
+    ):
         self.state_dir = Path(state_dir)
+        self.fresh_start_record = fresh_start_record  # True: no shared start record (shared_start_record())
         self.port = port or free_port()
         self.args = list(args)
         # Only what the test passes: a token or config in the developer's shell must not leak in.
@@ -62,6 +81,9 @@ class NodeProcess:
         if QUICK_TEST is not None:
             pytest.fail(f"{QUICK_TEST} starts a node but is not marked slow: add it to tests/conftest.py SLOW_FILES")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        own, shared = self.state_dir / START_RECORD, shared_start_record()
+        if not self.fresh_start_record and not own.exists() and shared.is_file():
+            shutil.copyfile(shared, own)
         with open(self.log_path, "ab") as log:
             # Its own process group: the engine worker it spawns is in it, and so reachable (stop, sentinel).
             self.proc = spawn(
@@ -79,6 +101,16 @@ class NodeProcess:
             self.wait_ready(timeout)
         return self
 
+    def _share_start_record(self) -> None:
+        """The node's record (the shared entries it was given, and its own if it self-tested) becomes the
+        shared one: replaced whole, never half-written for the next node to read."""
+        own, shared = self.state_dir / START_RECORD, shared_start_record()
+        if self.fresh_start_record or not own.is_file():
+            return
+        tmp = shared.with_name(f"{shared.name}.{os.getpid()}.tmp")
+        shutil.copyfile(own, tmp)
+        os.replace(tmp, shared)
+
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> dict:
         """Poll /health until it answers 200 (returns its body). Fails the test, never hangs, when the
         node exits first or is not healthy after `timeout` s; the node is stopped then."""
@@ -93,6 +125,7 @@ class NodeProcess:
             try:
                 r = httpx.get(self.base + "/health", timeout=max(0.2, min(2.0, deadline - time.monotonic())))
                 if r.status_code == 200:
+                    self._share_start_record()
                     return r.json()
                 last_body, last_error = f"HTTP {r.status_code}: {r.text[:2000]}", None
             except httpx.HTTPError as exc:

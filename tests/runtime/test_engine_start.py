@@ -190,7 +190,7 @@ def test_a_restart_with_the_same_build_and_model_skips_the_self_test_and_serves(
     /status says so) and still answers. With start_record off it runs at every start."""
 
     def started(env: dict | None = None) -> dict:
-        node = NodeProcess(tmp_path, env=env).start()
+        node = NodeProcess(tmp_path, env=env, fresh_start_record=True).start()
         try:
             with node.client() as c:
                 assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
