@@ -1,11 +1,13 @@
 """Request balancing between two real offline Ratio1 nodes (naeural-core, one local mosquitto, ChainStore
-running), each hosting EDGELLM_INFERENCE_API in one balancing group (tests/ratio1/fleet.py starts them).
+running), each hosting EDGELLM_INFERENCE_API in one balancing group: the shared `ratio1_fleet`
+(tests/ratio1/conftest.py, tests/ratio1/fleet.py: BALANCING, api_pipeline).
 
 Each engine has 1 slot and 1 thread, so two fit on 2 cores, and the pending limit is 1: a burst into
 node A runs partly on node B (each result says where it ran), every request completes and A's
 request_status answers for all of them; then B is killed with SIGKILL while it holds delegated work,
 and A runs that work itself (its results say so): nothing is lost. The refresh and stale times are
-short (2 s / 8 s) so that a dead peer is noticed within the test.
+short (2 s / 8 s) so that a dead peer is noticed within the test. The fleet is shared: the counters
+these tests assert are read as deltas, and the test that kills B runs after the fleet's other users.
 
 It needs the node venv (EDGELLM_RATIO1_PYTHON; `make test` exports it): without it the tests fail.
 Select with `pytest tests/ratio1 -k "fleet or balancing"`.
@@ -15,52 +17,25 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from edgellm.ratio1.launcher import free_port
 from tests.nodeproc import wait_until
-from tests.ratio1.fleet import fleet
-from tests.ratio1.test_node_integration import node_python
-
-GROUP = "edgellm-ci-fleet"
-BALANCING = {
-    "REQUEST_BALANCING_ENABLED": True,
-    "REQUEST_BALANCING_GROUP": GROUP,
-    "REQUEST_BALANCING_PENDING_LIMIT": 1,
-    "REQUEST_BALANCING_ANNOUNCE_PERIOD": 2,
-    "REQUEST_BALANCING_CAPACITY_DEBOUNCE_SECONDS": 0,
-    "REQUEST_BALANCING_CAPACITY_REFRESH_PERIOD": 2,
-    "REQUEST_BALANCING_CAPACITY_REFRESH_JITTER_SECONDS": 0,
-    "REQUEST_BALANCING_PEER_STALE_SECONDS": 8,
-    "REQUEST_BALANCING_MAILBOX_POLL_PERIOD": 0.3,
-}
-
-
-def pipeline(port: int) -> dict:
-    instance = {"INSTANCE_ID": "api", "PORT": port, "N_SLOTS": 1, "N_THREADS": 1, "N_CTX": 1024, **BALANCING}
-    return {
-        "NAME": "fleet_api",
-        "TYPE": "Loopback",
-        "PLUGINS": [{"SIGNATURE": "EDGELLM_INFERENCE_API", "INSTANCES": [instance]}],
-    }
-
-
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
-    python = node_python()
-    ports = [free_port(), free_port()]
-    with fleet(python, tmp_path_factory.mktemp("balancing"), [[pipeline(port)] for port in ports]) as (a, b):
-        for node in (a, b):
-            node.wait_http(node.instances[0], timeout_s=240)
-        yield a, b
 
 
 def status(node) -> dict:
     return httpx.get(f"{node.base_url}/status", timeout=30).json()["result"]
+
+
+def counts(node) -> dict:
+    return status(node)["balancing"]["counts"]
+
+
+def delta(after: dict, before: dict) -> dict:
+    """Each counter's growth between two reads of a node's balancing counts (a counter not there yet is 0)."""
+    return {key: after.get(key, 0) - before.get(key, 0) for key in {*after, *before}}
 
 
 def submit(node, content: str, max_tokens: int) -> str:
@@ -100,10 +75,11 @@ def peers_known(a, b) -> None:
     )
 
 
-def test_balancing_a_burst_into_node_a_runs_partly_on_node_b(nodes):
-    a, b = nodes
+def test_balancing_a_burst_into_node_a_runs_partly_on_node_b(ratio1_fleet):
+    a, b = ratio1_fleet
     assert status(a)["balancing"]["chainstore"] == "running"
     peers_known(a, b)
+    a_before, b_before = counts(a), counts(b)
     with ThreadPoolExecutor(8) as pool:
         ids = list(pool.map(lambda i: submit(a, f"Count from 1 to {10 + i}.", 48), range(8)))
     records = finished(a, ids, 300)
@@ -121,31 +97,32 @@ def test_balancing_a_burst_into_node_a_runs_partly_on_node_b(nodes):
     # come past its timeout after B took it; A then runs it itself, and B cancels it and does not answer.
     # (Its records are readable by A's delegation only, not by B's callers.)
     def b_settled() -> dict | None:
-        c = status(b)["balancing"]["counts"]
+        c = delta(counts(b), b_before)
         return c if c.get("delegated_in", 0) == c.get("results_sent", 0) + c.get("withdrawn_by_origin", 0) else None
 
     on_b_counts = wait_until(b_settled, 60, what="node B to answer or drop each request it took")
-    assert len(on_b) <= on_b_counts["results_sent"] <= on_b_counts["delegated_in"]
+    assert len(on_b) <= on_b_counts.get("results_sent", 0) <= on_b_counts.get("delegated_in", 0)
     delegation_id = records[on_b[0]]["delegation"]["delegation_id"]
     r = httpx.get(f"{b.base_url}/request_status", params={"request_id": delegation_id}, timeout=30)
     assert r.status_code == 404
-    counts = status(a)["balancing"]["counts"]
-    assert counts["results_received"] == len(on_b)
-    assert counts["delegated_out"] == len(on_b) + counts.get("rerun_locally", 0) >= on_b_counts["delegated_in"]
+    on_a = delta(counts(a), a_before)
+    assert on_a.get("results_received", 0) == len(on_b)
+    assert on_a.get("delegated_out", 0) == len(on_b) + on_a.get("rerun_locally", 0) >= on_b_counts["delegated_in"]
 
 
-def test_balancing_kill_node_b_mid_burst_loses_nothing(nodes):
-    a, b = nodes
+@pytest.mark.kills_a_fleet_node
+def test_balancing_kill_node_b_mid_burst_loses_nothing(ratio1_fleet):
+    a, b = ratio1_fleet
     peers_known(a, b)
-    before = status(a)["balancing"]["counts"].get("delegated_out", 0)
-    with ThreadPoolExecutor(6) as pool:  # long answers: B still holds its share when it is killed
-        ids = list(pool.map(lambda i: submit(a, f"Write a long story about robot number {i}.", 400), range(6)))
+    a_before, b_before = counts(a), counts(b)
+    # Long answers (seconds each on B's one slot): B still holds its share when it is killed, which is as
+    # soon as it has taken a request (delegated_in); A then runs its share too, on its one slot.
+    with ThreadPoolExecutor(6) as pool:
+        ids = list(pool.map(lambda i: submit(a, f"Write a long story about robot number {i}.", 200), range(6)))
+    wait_until(lambda: delta(counts(a), a_before).get("delegated_out", 0) > 0, 30, what="a request delegated to node B")
     wait_until(
-        lambda: status(a)["balancing"]["counts"].get("delegated_out", 0) > before,
-        30,
-        what="a request delegated to node B",
+        lambda: delta(counts(b), b_before).get("delegated_in", 0) > 0, 30, what="node B to take a delegated request"
     )
-    time.sleep(1.0)  # B has taken it (it polls every 0.3 s)
     os.killpg(b.node.pid, signal.SIGKILL)  # the node and its engine worker, no goodbye
     records = finished(a, ids, 400)
     assert {r["status"] for r in records.values()} == {"completed"}, records
@@ -158,4 +135,4 @@ def test_balancing_kill_node_b_mid_burst_loses_nothing(nodes):
             "rerun_locally": True,
             "may_have_run_on_peer": True,
         }
-    assert status(a)["balancing"]["counts"]["rerun_locally"] >= len(rerun)
+    assert delta(counts(a), a_before).get("rerun_locally", 0) >= len(rerun)

@@ -197,15 +197,16 @@ def _wait_for(out: Path, wanted: int, node: subprocess.Popen, root: Path, deadli
     while time.monotonic() < deadline and node.poll() is None:
         if out.is_file() and len(json.loads(out.read_text())["answers"]) >= wanted:
             break
-        time.sleep(1)
+        time.sleep(0.2)
     if not out.is_file():
         pytest.fail(f"no answers in {out.name} from the node in 240 s; see {root / 'node.log'}")
     return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory, model_path):
-    """(the node's folder, the node, the test's folder with node.log, the deadline for its answers)."""
+def node(tmp_path_factory, model_path, background_stops):
+    """(the node's folder, the node, the test's folder with node.log, the deadline for its answers). The
+    node and its broker are stopped on a thread (tests/ratio1/conftest.py: background_stops)."""
     python = _node_python()
     root = tmp_path_factory.mktemp("serving-node")
     mmproj = root / "vision.gguf"
@@ -225,10 +226,19 @@ def node(tmp_path_factory, model_path):
     try:
         yield node_dir, node, root, time.monotonic() + 240
     finally:
-        _stop(node)
-        broker.terminate()
-        broker.wait(10)
-        log.close()
+
+        def stop() -> None:
+            try:
+                _stop(node)
+            finally:
+                broker.terminate()
+                broker.wait(10)
+                log.close()
+
+        def exited() -> None:
+            assert node.returncode is not None and broker.returncode is not None
+
+        background_stops.add("the serving node", stop, exited)
 
 
 @pytest.fixture(scope="module")
