@@ -207,9 +207,12 @@ INNER = """
 import json, os, time
 from pathlib import Path
 
+import pytest
+
 from tests.nodeproc import NodeProcess
 
 
+@pytest.mark.slow  # it starts a node (tests/conftest.py fails a quick test that does)
 def test_start_a_node_then_wait(tmp_path):
     node = NodeProcess(tmp_path / "node").start()  # no try/finally, no fixture: the safety nets only
     out = Path(os.environ["HYGIENE_PIDS"])
