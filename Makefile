@@ -54,10 +54,9 @@ ratio1-node: ratio1-setup
 # link or anchor fails it; never -q, which hides the very warnings --strict counts), the whole suite on the
 # default Python (3.11), then a cheaper pass on 3.10 and one on 3.13 (below), each in a venv of its own with
 # the same installs as setup.
-# Budget: a warm run (engine wheel and Ratio1 venv cached) about 33 min, a cold one under 45 (the
-# llama.cpp build adds ~10 min, the Ratio1 venv ~2). Measured on the 2-core CI kind: setup + ruff ~1.5 min,
-# 3.11's whole suite 19.5-21 min; each extra venv ~1 min; the 3.10 pass ~5 min (it was the whole suite
-# again, ~19 min); the 3.13 pass ~2.3 min.
+# Budget: a warm run (engine wheel and Ratio1 venv cached) about 27 min, a cold one ~40 (the llama.cpp
+# build adds ~10 min, the Ratio1 venv ~2). Measured 2026-12-07 on the 2-core kind: setup and checks 16 s,
+# 3.11's whole suite 22:12 (2125 tests), the 3.10 and 3.13 passes 4:11 together.
 test: setup system-deps ratio1-setup
 	$(BIN)/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
