@@ -7,8 +7,8 @@ engine without the node (fleet, batch, infer, synth, offline); the node (runtime
 command line. A module imports its own floor or those below.
 
 Every `import edgellm...` counts, at module level or inside a function (a lazy import is still a
-dependency), and so do imports under `if TYPE_CHECKING:` for cycles: they never run, but a cycle of
-concepts hidden by them is still one. `importlib.import_module` / `__import__` in edgellm/ is refused:
+dependency), and so do imports under `if TYPE_CHECKING:`: they never run, but a concept that points up
+or round in a cycle through them still does. `importlib.import_module` / `__import__` in edgellm/ is refused:
 an import the graph cannot see.
 
     python tools/check_imports.py
@@ -44,7 +44,7 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def graph(mods: dict[str, Path], *, typing_too: bool = False) -> dict[str, set[str]]:
+def graph(mods: dict[str, Path]) -> dict[str, set[str]]:
     def owner(name: str) -> str | None:  # the module an imported name lives in
         while name and name not in mods:
             name = name.rpartition(".")[0]
@@ -53,16 +53,8 @@ def graph(mods: dict[str, Path], *, typing_too: bool = False) -> dict[str, set[s
     edges: dict[str, set[str]] = {}
     for name, path in mods.items():
         tree = ast.parse(path.read_text())
-        typing_only = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)
-        }
         deps: set[str | None] = set()
         for node in ast.walk(tree):
-            if id(node) in typing_only and not typing_too:
-                continue
             if isinstance(node, ast.Import):
                 deps.update(owner(a.name) for a in node.names if a.name.startswith("edgellm"))
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("edgellm"):
@@ -127,7 +119,7 @@ def main() -> int:
     mods = modules()
     edges = graph(mods)
     upward = [f"{name} -> {dep}" for name in sorted(edges) for dep in sorted(edges[name]) if floor(dep) > floor(name)]
-    loops = cycles(graph(mods, typing_too=True))
+    loops = cycles(edges)
     strings = by_string(mods)
     problems = (
         [f"upward import: {line}" for line in upward]

@@ -260,7 +260,7 @@ class Service:
 
     def media_info(self) -> dict[str, Any]:
         """What the engine's projector takes ({} while the engine has not reported)."""
-        info = self.engine.info if self.engine is not None else None
+        info = self._active_info()
         return info.media if info is not None else {}
 
     def media_caps(self) -> MediaCaps | None:
@@ -308,6 +308,10 @@ class Service:
         """The EngineInfo of `model` (None: the default), as of its last load; None before it ever loaded
         (its limits are then checked by the engine when it runs the request)."""
         return self.engine.model_info(model) if self.engine is not None else None
+
+    def _active_info(self) -> EngineInfo | None:
+        """The EngineInfo of the model now active (with several models, not always the default's)."""
+        return self.engine.info if self.engine is not None else None
 
     def engine_health(self) -> EngineHealth:
         return self.engine.health() if self.engine is not None else EngineHealth.starting()
@@ -504,7 +508,7 @@ class Service:
 
     def chat_format(self) -> ChatFormat:
         """The model's (EngineInfo's); the generic one until the engine has reported."""
-        info = self.engine.info if self.engine is not None else None
+        info = self._active_info()
         return ChatFormat.from_dict(info.chat_format if info is not None else None)
 
     def paused_lanes(self) -> dict[Priority, Pause]:
@@ -740,7 +744,7 @@ class Service:
 
         Awaited on the event loop, so a wedged loop fails it by never answering.
         """
-        if self.engine is None or not self.engine.health().state.takes_requests:
+        if not self.engine_health().state.takes_requests:
             return False
         try:
             await asyncio.to_thread(self.registry.counts)
@@ -751,7 +755,7 @@ class Service:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         engine = self.engine_health()
-        info = self.engine.info if self.engine is not None else None
+        info = self._active_info()
         ready = engine.state is EngineState.READY
         return ready, {
             "status": "ok" if ready else engine.state.value,
@@ -767,7 +771,7 @@ class Service:
 
     def status(self) -> dict[str, Any]:
         ready, health = self.health()
-        info = self.engine.info if self.engine is not None else None
+        info = self._active_info()
         report = self.engine.stats if self.engine is not None else None  # the engine's last report
         stats = report.as_dict() if report is not None else {}
         return {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from edgellm.compat import StrEnum
 from edgellm.engine.info import EngineInfo, EngineStats
@@ -85,7 +85,6 @@ class EngineHealth:
 Build = Callable[[], EngineRequest]
 
 
-@runtime_checkable
 class EngineClient(Protocol):
     # Read-only here: the worker client keeps them as attributes it updates, the in-process one computes them.
     @property
