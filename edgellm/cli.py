@@ -51,7 +51,7 @@ ENGINE_START_FAILED = 3
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from edgellm.runtime import prestart
+    from edgellm.runtime.supervision import prestart
 
     # Before the API's imports (~1 s): the engine worker starts and imports llama.cpp meanwhile.
     prestart.prestart()
@@ -64,9 +64,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_started(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from edgellm.runtime.app import create_app
-    from edgellm.runtime.http_guard import h11_protocol
-    from edgellm.runtime.sdnotify import Notifier
+    from edgellm.runtime.server.app import create_app
+    from edgellm.runtime.server.http_guard import h11_protocol
+    from edgellm.runtime.server.sdnotify import Notifier
     from edgellm.runtime.settings import load_settings
 
     overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in SERVE_FLAGS}
@@ -182,8 +182,8 @@ def _batch_run(args: argparse.Namespace) -> int:
         return refuse(exc.message)
     transport = phase = None
     if args.local:
-        from edgellm.runtime import crash_guard
         from edgellm.runtime.settings import load_settings
+        from edgellm.runtime.supervision import crash_guard
 
         try:  # before the journal is touched: a bad config or model path is unusable input
             settings = load_settings(args.config, model_path=args.model)
@@ -201,7 +201,7 @@ def _batch_run(args: argparse.Namespace) -> int:
 
         def transport():  # made by run_batch once the journal is checked, only if something is left to run
             from edgellm.batch.local import LocalTransport
-            from edgellm.runtime.app import service_config
+            from edgellm.runtime.server.app import service_config
 
             try:
                 return LocalTransport(

@@ -9,7 +9,7 @@ says where and what to do; the requests that finished are in the output, the oth
 crash; a crash at exit, after the output was written, only warns: the exit code is the run's), 130
 interrupted.
 
-The run happens in a child process (edgellm/runtime/crash_guard.py): a crash in llama.cpp kills that
+The run happens in a child process (edgellm/runtime/supervision/crash_guard.py): a crash in llama.cpp kills that
 process by a signal, and this one survives it to write what finished and say why.
 """
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported lazily at run time: the guard's parent process stays light
     from edgellm.infer.contract import InferJob
-    from edgellm.runtime.crash_guard import Crash, PhaseRecorder
+    from edgellm.runtime.supervision.crash_guard import Crash, PhaseRecorder
 
 
 def add_infer_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,7 +125,7 @@ def _after_crash(args: argparse.Namespace, crash: Crash) -> str:
 
 
 def run_infer_command(args: argparse.Namespace) -> int:
-    from edgellm.runtime import crash_guard
+    from edgellm.runtime.supervision import crash_guard
 
     phase = crash_guard.child_recorder()
     if phase is None and crash_guard.available() and getattr(args, "argv", None):

@@ -205,7 +205,7 @@ class Cancelled(EngineError):
     error_type = ErrorType.CANCELLED
 
 
-# HTTP-boundary refusals (runtime/http_guard.py): decided before a route runs.
+# HTTP-boundary refusals (runtime/server/http_guard.py): decided before a route runs.
 class RequestTimeout(EdgeLLMError):
     http_status = 408
     error_type = ErrorType.REQUEST_TIMEOUT
@@ -248,7 +248,7 @@ class LoraError(InvalidRequest):
 
 
 class ModelNotFound(UnknownRequest):
-    """A request names a model the node does not serve (api/openai_compat.py, model_routes.py)."""
+    """A request names a model the node does not serve (api/dialects/openai_chat.py, model_routes.py)."""
 
     error_type = ErrorType.MODEL_NOT_FOUND
 
@@ -278,7 +278,7 @@ class SettingsError(EdgeLLMError):
 
 
 class PresetError(SettingsError):
-    """A board preset that cannot be read or applied (runtime/presets.py)."""
+    """A board preset that cannot be read or applied (runtime/board/presets.py)."""
 
 
 class Ratio1NodeError(EdgeLLMError):

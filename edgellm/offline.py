@@ -156,7 +156,7 @@ class OfflineEngine:
 
         Requests are fed to the core as its queue has room. A request that fails (bad prompt, guide,
         adapter) fails alone: its output carries the error; the others run on. `on_decoding(ids)`:
-        see EngineCore.run_until_idle (the crash-guarded commands, edgellm/runtime/crash_guard.py).
+        see EngineCore.run_until_idle (the crash-guarded commands, edgellm/runtime/supervision/crash_guard.py).
         """
         pending = deque(requests)
         order = [r.request_id for r in pending]

@@ -1,6 +1,6 @@
 """What an in-process engine run (`batch-run --local`, `infer`) tells its crash guard: the phase it is in.
 
-The guard (runtime/crash_guard.py, in the CLI's parent process) prints the last phase when the child
+The guard (runtime/supervision/crash_guard.py, in the CLI's parent process) prints the last phase when the child
 dies by a signal; the runs only call `on_phase(text, crash_point)`, so they need nothing of the runtime.
 """
 

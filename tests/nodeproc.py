@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from edgellm.ratio1.launcher import free_port  # noqa: F401 (the tests import it from here)
-from edgellm.runtime.native_crash import describe_exit
+from edgellm.runtime.supervision.native_crash import describe_exit
 from tests.process_hygiene import reap_group, release, spawn
 
 READY_TIMEOUT_S = 120.0  # model load and the engine's self-test on a slow 2-core machine, with margin

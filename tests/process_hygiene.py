@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 # One implementation, shared with the crash guard's child: PR_SET_PDEATHSIG, the race, the main thread.
-from edgellm.runtime.child_process import PR_SET_PDEATHSIG, die_with_parent  # noqa: F401 (both public here)
+from edgellm.runtime.supervision.child_process import PR_SET_PDEATHSIG, die_with_parent  # noqa: F401 (both public here)
 
 
 # -- /proc ----------------------------------------------------------------------------------------

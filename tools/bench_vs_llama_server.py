@@ -50,8 +50,8 @@ from pydantic import TypeAdapter, ValidationError
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from edgellm.runtime.child_process import die_with_parent  # noqa: E402
 from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from edgellm.runtime.supervision.child_process import die_with_parent  # noqa: E402
 from tools.bench import PROMPTS  # noqa: E402  (the same chat prompts as the node benchmark)
 
 THREADS = 2

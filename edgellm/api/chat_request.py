@@ -44,7 +44,7 @@ class ChatRequest(BaseModel):
     response_format: dict[str, Any] | None = None  # normalised form, echoed by return_full
     metadata: dict[str, Any] = Field(default_factory=dict)
     request_id: str | None = None
-    # The model it names, when the node serves several (runtime/model_switch.py); None: the default.
+    # The model it names, when the node serves several (runtime/supervision/model_switch.py); None: the default.
     model: str | None = None
     timeout: float = _default("timeout")
     deadline_ms: int | None = None  # the answer ends by created_at + this, with what it has
@@ -63,7 +63,7 @@ class ChatRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     thinking_budget_tokens: int | None = None
     thinking_budget_message: str = ""
-    # Set by /v1/completions (api/completions_compat.py), never by a chat body: the prompt is the one
+    # Set by /v1/completions (api/dialects/completions.py), never by a chat body: the prompt is the one
     # user message's content as written, no chat template (EngineRequest.apply_chat_template=False), or
     # `prompt_tokens` as they are; `infill_suffix`: the text after the gap (fill-in-the-middle models).
     raw_prompt: bool = False

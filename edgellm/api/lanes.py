@@ -1,8 +1,8 @@
 """Which lanes take new work now: a board in trouble sheds its lowest lane first.
 
-- The board is thermally throttled (runtime/board.py `read_throttling`): `batch` pauses. Its work is
+- The board is thermally throttled (runtime/board/telemetry.py `read_throttling`): `batch` pauses. Its work is
   what can wait, and less load lets the board cool.
-- Memory is short (runtime/memory_pressure.py: refusing): `interactive` pauses too.
+- Memory is short (runtime/board/memory_pressure.py: refusing): `interactive` pauses too.
 - Memory is critical: `realtime` pauses as well; nothing new is taken.
 A paused lane's new requests get 503 with Retry-After (batch clients such as `edgellm batch-run` and
 `synth` wait and retry); what was accepted goes on. /health `lanes` says which lanes are paused and why.

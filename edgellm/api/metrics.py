@@ -119,7 +119,7 @@ class _LiveCollector:
                 yield GaugeMetricFamily(f"edgellm_engine_{key}", f"Mean {key.replace('_', ' ')}", value=engine[key])
         yield from _board_gauges(state.get("board") or [])
         yield from _board_gauges(state.get("memory_pressure") or [])  # the same (name, help, labels, value) form
-        if "energy_joules" in state:  # only on a board with a power monitor (runtime/energy.py)
+        if "energy_joules" in state:  # only on a board with a power monitor (runtime/board/energy.py)
             yield CounterMetricFamily(
                 "edgellm_energy_joules",
                 "Energy drawn by the board (its input rail, or the sum of its rails) since the node started",
@@ -128,7 +128,7 @@ class _LiveCollector:
 
 
 def _board_gauges(samples: list[tuple[str, str, dict[str, str], float]]) -> Iterable[Metric]:
-    """Board telemetry samples (runtime/board.py) as gauge families, one per metric name."""
+    """Board telemetry samples (runtime/board/telemetry.py) as gauge families, one per metric name."""
     families: dict[str, GaugeMetricFamily] = {}
     for name, help_text, labels, value in samples:
         family = families.get(name)

@@ -1,4 +1,4 @@
-"""Which of the node's models a request names (settings `models:`; runtime/model_switch.py runs them).
+"""Which of the node's models a request names (settings `models:`; runtime/supervision/model_switch.py runs them).
 
 A request carries `model` = None for the default model (the first), else the id it named; so stored
 rows, return_full and everything keyed on the request read as before for the default. The LoRA adapter
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgellm.api.chat_request import ChatRequest
-from edgellm.api.openai_compat import ModelNotFound, unserved
+from edgellm.api.dialects.openai_chat import ModelNotFound, unserved
 
 
 @dataclass(frozen=True)

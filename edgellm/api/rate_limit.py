@@ -7,7 +7,7 @@ token's owner id (api/auth.py), or one shared "anonymous" subject on a node with
 upstream the caller is told when to come back: Retry-After is the seconds left in the minute.
 
 Framework-agnostic (no FastAPI): the HTTP routes call `hit()` once per work-making call, right where
-auth has named the caller (runtime/http_common.py), so `edgellm serve` and the Ratio1 plugin apply it
+auth has named the caller (runtime/server/http_common.py), so `edgellm serve` and the Ratio1 plugin apply it
 alike.
 """
 

@@ -42,7 +42,7 @@ class Delivery:
     streamed: bool = False  # deltas already left: a retry would repeat them
     sent: bool = True  # False until a worker has it (arrived during a (re)start, or the send failed)
     order: int = 0  # submission order: a restarted worker gets the work in flight in this order
-    # Which engine client holds it: with several models resident (runtime/model_switch.py) each model's
+    # Which engine client holds it: with several models resident (runtime/supervision/model_switch.py) each model's
     # worker resends, counts and fails only its own work after a crash.
     worker: str = ""
 

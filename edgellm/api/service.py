@@ -21,10 +21,10 @@ from typing import Any, Protocol
 
 from edgellm.api import model_routes
 from edgellm.api.auth import Authenticator
+from edgellm.api.dialects.openai_chat import OpenAIOptions, parse_openai_request
 from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.lanes import Pause, lanes_body, paused_lanes, thermal_refusal
 from edgellm.api.metrics import ServiceMetrics, live_state
-from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.output_processor import OutputProcessor
 from edgellm.api.registry import Registry, RegistryFull, RequestRecord, RequestStatus
 from edgellm.api.request_ids import public_id, request_key
@@ -88,7 +88,7 @@ class EnergySource(Protocol):
 
 
 class AdmissionGate(Protocol):
-    """What may refuse new work for a reason of the host's (runtime/memory_pressure.py: memory is short)."""
+    """What may refuse new work for a reason of the host's (runtime/board/memory_pressure.py: memory is short)."""
 
     def refusal(self) -> EdgeLLMError | None: ...
 
@@ -157,7 +157,7 @@ class Service:
         )
         # The board's input energy since start (None: no power monitor, no energy series at all).
         self.energy: EnergySource | None = None
-        # Board telemetry (runtime/board.py on a Jetson): read() -> dict for /status, samples() ->
+        # Board telemetry (runtime/board/telemetry.py on a Jetson): read() -> dict for /status, samples() ->
         # (name, help, labels, value) gauges for /metrics. None: nothing to report.
         self.board: BoardSource | None = None
         self.memory_plan: dict[str, Any] | None = None  # the engine's memory plan, for /status

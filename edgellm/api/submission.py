@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from edgellm.api.dialects.openai_chat import OpenAIOptions, parse_openai_request
 from edgellm.api.guide_pool import request_checks, shared_pool
 from edgellm.api.model_routes import ModelRoute
-from edgellm.api.openai_compat import OpenAIOptions, parse_openai_request
 from edgellm.api.reply import PLAIN, ReplySpec
 from edgellm.api.tool_grammar import tool_guide
 from edgellm.api.tool_prompt import prompt_messages

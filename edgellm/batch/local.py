@@ -32,7 +32,7 @@ in-flight cap (429: the engine is fed as it has room), shutdown (503). A line wi
 load_requests refuses it up front (batch/inputs.py); a caller handing one over directly gets the line
 batch-run would write for an SSE answer (an error line with http_code 200), without generating.
 
-Run by `edgellm batch-run --local` in a crash-guarded child (edgellm/runtime/crash_guard.py): `on_phase`
+Run by `edgellm batch-run --local` in a crash-guarded child (edgellm/runtime/supervision/crash_guard.py): `on_phase`
 is told when the model loads and which requests the engine decodes ("decoding request 3 of 10 (id
 "r2")"; the crash point "decoding:N" with N the request's 1-based place in the requests file;
 "closing" when the engine is torn down), so the parent can say where a native crash happened; the
@@ -49,16 +49,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edgellm.api.completions_compat import (
+from edgellm.api.dialects.completions import (
     MAX_PROMPTS,
     CompletionOptions,
     completion_response,
     parse_completion_request,
     prompt_text,
 )
-from edgellm.api.embeddings_compat import EmbeddingsCall, embeddings_body, parse_embeddings
+from edgellm.api.dialects.embeddings import EmbeddingsCall, embeddings_body, parse_embeddings
+from edgellm.api.dialects.openai_chat import OpenAIOptions, completion_body, error_body
 from edgellm.api.guide_pool import request_checks, shared_pool
-from edgellm.api.openai_compat import OpenAIOptions, completion_body, error_body
 from edgellm.api.service import (
     ServiceConfig,
     check_vocabulary,

@@ -1,8 +1,8 @@
 """The engine core: one model, its projector and its scheduler, built once, stepped by one loop.
 
 Every way the engine runs goes through this class (vLLM v1's EngineCore, reduced): the worker process
-(runtime/worker.py: drain the pipe, `step()`), the in-process engine (offline.py: `infer`,
-`batch-run --local`, the engine tests) and the Ratio1 serving plugin (api/node_payloads.py over
+(runtime/supervision/worker.py: drain the pipe, `step()`), the in-process engine (offline.py: `infer`,
+`batch-run --local`, the engine tests) and the Ratio1 serving plugin (ratio1/node_payloads.py over
 `run_until_idle`). So a projector configured is a projector attached everywhere, and the step loop
 that feeds requests as the queue has room, sleeps while prompts are still being prepared and reports
 what is decoding is written once, here.
@@ -224,7 +224,7 @@ class EngineCore:
     # -- memory pressure ---------------------------------------------------------------------
     def shed_memory(self) -> list[str]:
         """Free what the engine makes again on demand, the model staying loaded (memory pressure is
-        critical: runtime/worker.py on the API's ShedMemory): the embedding context, the LoRA adapters no
+        critical: runtime/supervision/worker.py on the API's ShedMemory): the embedding context, the LoRA adapters no
         slot runs under, the compiled-grammar caches, the prefix store's page cache. What was freed, in
         words ([] when nothing was held).
 

@@ -32,7 +32,7 @@ class EngineState(StrEnum):
     RESTARTING = "restarting"
     FAILED = "failed"
     STOPPED = "stopped"
-    UNLOADED = "unloaded"  # no worker on purpose (runtime/model_switch.py: idle, or between two models)
+    UNLOADED = "unloaded"  # no worker on purpose (runtime/supervision/model_switch.py: idle, or between two models)
 
     @property
     def takes_requests(self) -> bool:
@@ -42,7 +42,7 @@ class EngineState(StrEnum):
 
 @dataclass(frozen=True)
 class ModelsHealth:
-    """The node's view when it serves several models (runtime/model_switch.py), on top of the active
+    """The node's view when it serves several models (runtime/supervision/model_switch.py), on top of the active
     worker's health."""
 
     worker_state: EngineState  # the active worker's own state (EngineHealth.state is the node's)
@@ -61,7 +61,7 @@ class EngineHealth:
     restarts: int = 0
     last_error: str | None = None
     in_flight: int = 0
-    # Where the current (or last) worker is: start-up, loading, warm-up, serving (runtime/supervisor.py).
+    # Where the current (or last) worker is: start-up, loading, warm-up, serving (runtime/supervision/supervisor.py).
     phase: str | None = None
     attempt: int = 0
     max_attempts: int | None = None  # the bound of a start, and of the restarts after a crash

@@ -60,7 +60,7 @@ DEFAULT_OVERHEAD_BYTES = 150 * MIB
 DEFAULT_CUDA_CONTEXT_BYTES = 300 * MIB
 
 # Where the host shows a CUDA device without importing llama.cpp (the API process never does): a Jetson's
-# L4T release file (as runtime/gpu_memory.py reads it), or a discrete NVIDIA GPU's driver nodes.
+# L4T release file (as runtime/board/gpu_memory.py reads it), or a discrete NVIDIA GPU's driver nodes.
 _CUDA_DEVICE_MARKERS = ("/etc/nv_tegra_release", "/dev/nvidia0", "/dev/nvhost-gpu", "/proc/driver/nvidia/gpus")
 
 # Compute buffer estimate (see compute_bytes): a 10 % margin plus a fixed 8 MiB for the small host-side

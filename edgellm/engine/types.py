@@ -182,7 +182,7 @@ class EngineRequest:
     infill_suffix: str | None = None
     task: EngineTask = EngineTask.GENERATE
     payload: dict[str, Any] = field(default_factory=dict)  # the task's arguments (see EngineTask)
-    # Which of the node's models serves it (runtime/model_switch.py; None: the default, or the one
+    # Which of the node's models serves it (runtime/supervision/model_switch.py; None: the default, or the one
     # loaded for a task). The engine never looks at it: a worker runs one model.
     model: str | None = None
 

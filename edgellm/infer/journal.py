@@ -1,7 +1,7 @@
 """`edgellm infer`'s journal: each final response, one JSON line, as it ends, in `<output>.partial`.
 
 infer writes its output document once, at the end; a native crash of the engine (see
-edgellm/runtime/crash_guard.py) would lose every response that finished before it. So the guarded
+edgellm/runtime/supervision/crash_guard.py) would lose every response that finished before it. So the guarded
 child appends each final response here (flushed per line: a dying process loses no completed write),
 and the parent, which survives the crash, builds the document from it as Ctrl-C would: the finished
 responses kept, the others failed with the crash as their error. The journal is removed once the

@@ -5,7 +5,7 @@ slots; one LoRA adapter and one logprobs K per batch); inside a batch the schedu
 continuously. A request that cannot run (its content, guide or adapter) fails alone; a batch that
 breaks a batch rule fails as a whole; nothing stops the rest of the file.
 
-Two hooks for the crash-guarded command (edgellm/runtime/crash_guard.py): `on_phase(text, point)`
+Two hooks for the crash-guarded command (edgellm/runtime/supervision/crash_guard.py): `on_phase(text, point)`
 is told what the engine is about to do (loading, warm-up, which requests it decodes; `point` names
 the moment for native_crash.crash_point: "loading", "warm-up", "decoding:N" with N the request's
 1-based place in the input file, "closing" once every response is final), and

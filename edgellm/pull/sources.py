@@ -12,7 +12,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from edgellm import gguf_split
 from edgellm.errors import PullError
-from edgellm.runtime.presets import PresetError, available, load_preset
+from edgellm.runtime.board.presets import PresetError, available, load_preset
 
 HF_ENDPOINT = "https://huggingface.co"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -21,8 +21,8 @@ from typing import Any, TextIO
 
 from edgellm import __version__
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.native_crash import REBUILD_ADVICE
 from edgellm.runtime.settings import Settings
+from edgellm.runtime.supervision.native_crash import REBUILD_ADVICE
 
 # tools/engine_wheel.sh --install writes this into the venv (sys.prefix) it installs the engine into.
 BUILD_RECORD = "edgellm-engine-build.json"
@@ -74,8 +74,8 @@ def llama_system_info() -> tuple[str, bool]:
 
 
 def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s: float = 600.0) -> int:
-    from edgellm.runtime.app import worker_config
-    from edgellm.runtime.supervisor import WorkerEngine
+    from edgellm.runtime.server.app import worker_config
+    from edgellm.runtime.supervision.supervisor import WorkerEngine
 
     def say(label: str, text: str) -> None:
         print(f"{label + ':':<18}{text}", file=out, flush=True)

@@ -44,8 +44,8 @@ from edgellm.engine.memory_plan import (
 )
 from edgellm.errors import SettingsError
 from edgellm.media.limits import MediaLimits, MediaSources
-from edgellm.runtime import prestart
-from edgellm.runtime.presets import PresetError, load_preset
+from edgellm.runtime.board.presets import PresetError, load_preset
+from edgellm.runtime.supervision import prestart
 
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -72,7 +72,7 @@ MODEL_OVERRIDES = frozenset(
 
 
 class ServedModel(BaseModel):
-    """One entry of `models:` (runtime/model_switch.py): the id clients name, its GGUF and what goes with it."""
+    """One entry of `models:` (supervision/model_switch.py): the id clients name, its GGUF and what goes with it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -170,7 +170,7 @@ class Settings(BaseSettings):
     # tokenizer: e.g. a smaller model of the same family) drafts instead of prompt lookup; the output
     # stays the same. In the memory plan. Needs speculative_decoding.
     draft_model_path: str | None = None
-    # Several models (runtime/model_switch.py): requests name one by `model`; the first is the default.
+    # Several models (runtime/supervision/model_switch.py): requests name one by `model`; the first is the default.
     # When set, model_path/mmproj_path/draft_model_path above are not used. One model computes at a time;
     # the others stay loaded while their memory plans fit in memory_budget together (and at most
     # max_loaded_models, 0 = as many as fit), so a switch to one of them costs no reload.
@@ -224,7 +224,7 @@ class Settings(BaseSettings):
     # env: EDGELLM_ALLOWED_HOSTS='["node.local"]'. Refusing other names defeats DNS rebinding.
     allowed_hosts: list[str] = Field(default_factory=list)
     # Web origins (scheme://host[:port]) whose pages may call the node from a browser (CORS,
-    # runtime/cors.py); none by default. env: EDGELLM_CORS_ORIGINS=http://a.local:3000,https://b.local
+    # runtime/server/cors.py); none by default. env: EDGELLM_CORS_ORIGINS=http://a.local:3000,https://b.local
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Bearer tokens; with any set, every endpoint but /health needs one. env: comma separated.
     tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -239,9 +239,9 @@ class Settings(BaseSettings):
     log_level: str = "info"  # debug, info, warning or error
     # Where board telemetry is read (sysfs, /proc/device-tree, nvpmodel files); tests point it at a fixture tree.
     board_root: str = "/"
-    # How often the energy meter (runtime/energy.py) samples the board's input power, where it has an INA3221.
+    # How often the energy meter (runtime/board/energy.py) samples the board's input power, where it has an INA3221.
     energy_sample_interval_s: float = Field(0.1, ge=0.01, le=10.0)
-    # Memory pressure (runtime/memory_pressure.py): MemAvailable (or the cgroup limit's headroom, when
+    # Memory pressure (runtime/board/memory_pressure.py): MemAvailable (or the cgroup limit's headroom, when
     # tighter) and PSI read every memory_pressure_interval_s; below min_available_mib (or PSI full avg10
     # above psi_full_avg10) new requests get 503 + Retry-After while in-flight ones finish; below
     # critical_mib (or PSI above the critical one) the node also sheds what memory it can. 0 turns a

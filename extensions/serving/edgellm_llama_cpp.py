@@ -7,17 +7,17 @@ plugin, or one of yours) only sets `"AI_ENGINE": "edgellm_llama_cpp"`, with the 
 below in `STARTUP_AI_ENGINE_PARAMS`. edgellm's own EDGELLM_INFERENCE_API does not use it: it runs the
 engine in its own worker process, where batching continues across requests instead of per drain.
 Each predict call answers every payload the node
-drained, one answer per payload in input order (see edgellm/api/node_payloads.py); this class only
+drained, one answer per payload in input order (see edgellm/ratio1/node_payloads.py); this class only
 adapts the framework: config -> ModelConfig, startup, and never letting an exception escape predict
 (the serving process would exit and every caller would wait for its timeout).
 """
 
 from naeural_core.serving.base import ModelServingProcess as BaseServingProcess
 
-from edgellm.api import node_payloads
 from edgellm.api.output_processor import OutputProcessor
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EngineError
+from edgellm.ratio1 import node_payloads
 from edgellm.runtime.settings import bundled_model_path
 
 __VER__ = "0.1.0"

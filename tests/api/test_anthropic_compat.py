@@ -1,4 +1,4 @@
-"""The Anthropic Messages dialect (api/anthropic_compat.py): the request mapping onto the OpenAI body, the
+"""The Anthropic Messages dialect (api/dialects/anthropic_messages.py): the request mapping onto the OpenAI body, the
 refusals (each a 400 naming its parameter), and the answer and stream translation."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from edgellm.api import anthropic_compat as ac
+from edgellm.api.dialects import anthropic_messages as ac
+from edgellm.api.dialects.openai_chat import ModelNotFound, parse_openai_request
 from edgellm.api.guide_pool import request_checks, shared_pool
-from edgellm.api.openai_compat import ModelNotFound, parse_openai_request
 from edgellm.errors import EdgeLLMError, InvalidRequest, PayloadTooLarge, QueueFull, Unauthorized
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -121,8 +121,8 @@ def test_sampling_params_are_built_from_the_table():
 
 
 def test_the_openai_route_passes_the_tables_fields_on():
+    from edgellm.api.dialects.openai_chat import MAPPED_FIELDS, parse_openai_request
     from edgellm.api.fields import OPENAI_PASSTHROUGH
-    from edgellm.api.openai_compat import MAPPED_FIELDS, parse_openai_request
 
     assert set(OPENAI_PASSTHROUGH) <= MAPPED_FIELDS
     body = {"model": "m", "messages": MSG, "top_k": 3, "min_p": 0.2, "n": 2, "timeout": 9}

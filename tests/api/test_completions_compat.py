@@ -1,4 +1,4 @@
-"""/v1/completions' translation (api/completions_compat.py): parsing, refusals, the legacy bodies."""
+"""/v1/completions' translation (api/dialects/completions.py): parsing, refusals, the legacy bodies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from edgellm.api.chat_request import ChatRequest
-from edgellm.api.completions_compat import (
+from edgellm.api.dialects.completions import (
     CompletionOptions,
     completion_chunk,
     completion_response,
@@ -17,7 +17,7 @@ from edgellm.api.completions_compat import (
     summed_usage,
     usage_chunk,
 )
-from edgellm.api.openai_compat import ModelNotFound
+from edgellm.api.dialects.openai_chat import ModelNotFound
 from edgellm.api.submission import engine_request
 from edgellm.api.validation import parse_chat_request
 from edgellm.errors import InvalidRequest

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
+from edgellm.api.dialects.openai_chat import parse_openai_request
 from edgellm.api.guide_pool import Check, GuideBudget, GuidePool, request_checks, shared_pool
-from edgellm.api.openai_compat import parse_openai_request
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import GuideError, InvalidRequest
 

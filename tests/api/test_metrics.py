@@ -19,7 +19,7 @@ from edgellm.api.service import Service, ServiceConfig
 from edgellm.engine.info import EngineStats
 from edgellm.engine.interface import EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, FinishReason
-from edgellm.runtime.prometheus import prometheus_text
+from edgellm.runtime.server.prometheus import prometheus_text
 from tests.api.test_service import engine_info, engine_stats
 
 

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from edgellm.api.auth import Authenticator
+from edgellm.api.dialects.openai_chat import parse_openai_request
 from edgellm.api.envelope import NodeIdentity
-from edgellm.api.openai_compat import parse_openai_request
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.api.validation import parse_chat_request
 from edgellm.errors import InvalidRequest
@@ -86,7 +86,7 @@ def test_settings_bounds_are_checked():
 
 
 def test_create_app_wraps_with_the_given_node_identity(tmp_path):
-    from edgellm.runtime.app import create_app
+    from edgellm.runtime.server.app import create_app
 
     node = NodeIdentity("0xai_node", "mainnet", "alias-1", "0xai_node", "0xETH", "mainnet", "7.7.1")
     app = create_app(load_settings(state_dir=str(tmp_path), max_completion_tokens=64), node=node)

@@ -1,4 +1,4 @@
-"""The Responses API dialect (api/responses_compat.py): mapping, refusals, stored responses, stream events.
+"""The Responses API dialect (api/dialects/responses.py): mapping, refusals, stored responses, stream events.
 
 Pure: the chat bodies built here go through the chat route's own parse (openai_compat), the response
 objects and events are read back with the official SDK's types (strict pydantic validation).
@@ -13,9 +13,9 @@ import openai.types.responses as sdk
 import pytest
 from pydantic import TypeAdapter
 
-from edgellm.api import responses_compat as rc
 from edgellm.api.auth import Authenticator
-from edgellm.api.openai_compat import ModelNotFound, parse_openai_request
+from edgellm.api.dialects import responses as rc
+from edgellm.api.dialects.openai_chat import ModelNotFound, parse_openai_request
 from edgellm.api.registry import Registry, RequestStatus
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.api.validation import parse_chat_request

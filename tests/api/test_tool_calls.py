@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from edgellm.api.dialects.openai_chat import parse_openai_request
 from edgellm.api.guide_pool import request_checks, shared_pool
-from edgellm.api.openai_compat import parse_openai_request
 from edgellm.api.tool_grammar import tool_guide
 from edgellm.api.tool_prompt import prompt_messages
 from edgellm.api.validation import parse_chat_request

@@ -1,7 +1,7 @@
 """`edgellm batch-run --local` when the engine dies natively: one line (signal, phase, what to do), exit 3,
 the finished lines in OUTPUT and the journal kept, and `--resume` runs the rest. The real command on the
 bundled model; the crash is a real SIGSEGV of the engine's process at an exact point (the
-EDGELLM_TEST_CRASH_AT hook, edgellm/runtime/native_crash.py).
+EDGELLM_TEST_CRASH_AT hook, edgellm/runtime/supervision/native_crash.py).
 
 Determinism: one slot (EDGELLM_N_SLOTS=1) runs the requests one at a time in file order, so
 "decoding:3" (the file's third request, 1-based) is reached only once the first two are journaled.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from edgellm.runtime.crash_guard import ENGINE_CRASH_EXIT
-from edgellm.runtime.native_crash import CRASH_AT_ENV
+from edgellm.runtime.supervision.crash_guard import ENGINE_CRASH_EXIT
+from edgellm.runtime.supervision.native_crash import CRASH_AT_ENV
 from tests.batch.test_batch_local import batch_run, good, lines, write
 
 

@@ -31,8 +31,8 @@ from edgellm.engine.memory_plan import (
 )
 from edgellm.engine.model import ModelConfig, shrink_ladder
 from edgellm.engine.projector import Projector, attach_projector, open_projector
-from edgellm.runtime.ipc import WorkerConfig
 from edgellm.runtime.settings import load_settings
+from edgellm.runtime.supervision.ipc import WorkerConfig
 from tests.engine.conftest import EngineHarness, req
 from tools.build_mmproj import build_vision_mmproj
 

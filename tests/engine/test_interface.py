@@ -12,9 +12,9 @@ from edgellm.engine.config import ModelConfig
 from edgellm.engine.info import EngineInfo, EngineStats
 from edgellm.engine.interface import EngineClient, EngineHealth, EngineState, ModelsHealth
 from edgellm.offline import OfflineEngine
-from edgellm.runtime.ipc import WorkerConfig
-from edgellm.runtime.model_switch import ModelSwitch
-from edgellm.runtime.supervisor import WorkerEngine
+from edgellm.runtime.supervision.ipc import WorkerConfig
+from edgellm.runtime.supervision.model_switch import ModelSwitch
+from edgellm.runtime.supervision.supervisor import WorkerEngine
 
 CLIENTS = (WorkerEngine, ModelSwitch, OfflineEngine)
 MEMBERS = sorted(

@@ -10,7 +10,7 @@ import time
 import jsonschema
 import pytest
 
-from edgellm.api.openai_compat import parse_openai_request
+from edgellm.api.dialects.openai_chat import parse_openai_request
 from edgellm.api.submission import engine_request
 from edgellm.engine.core import EngineCore
 from edgellm.engine.model import ModelConfig

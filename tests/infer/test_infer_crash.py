@@ -1,6 +1,6 @@
 """`edgellm infer` when the engine dies natively: one line (signal, phase, what to do), exit 3, and what
 finished written out. The real command on the bundled model, in real processes; the crash is a real
-SIGSEGV of the engine's process, raised by the EDGELLM_TEST_CRASH_AT hook (edgellm/runtime/native_crash.py
+SIGSEGV of the engine's process, raised by the EDGELLM_TEST_CRASH_AT hook (edgellm/runtime/supervision/native_crash.py
 says why it exists) at an exact point.
 
 Determinism: with batch_size 1 the batches run one after another, one request each, so "decoding:3"
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from edgellm.infer.journal import ResponseJournal, read_journal
-from edgellm.runtime.crash_guard import ENGINE_CRASH_EXIT
-from edgellm.runtime.native_crash import CRASH_AT_ENV
+from edgellm.runtime.supervision.crash_guard import ENGINE_CRASH_EXIT
+from edgellm.runtime.supervision.native_crash import CRASH_AT_ENV
 from tests.nodeproc import default_sigint
 from tests.process_hygiene import group_members, spawn
 

@@ -1,4 +1,4 @@
-"""The Ratio1 serving's logic (edgellm/api/node_payloads.py) on the real bundled model, without
+"""The Ratio1 serving's logic (edgellm/ratio1/node_payloads.py) on the real bundled model, without
 naeural-core: one drain of upstream-style JEEVES_CONTENT payloads -> one answer per payload."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import logging
 import jsonschema
 import pytest
 
-from edgellm.api.node_payloads import answer_outcome, payload_body, run_payloads
 from edgellm.api.output_processor import OutputProcessor
 from edgellm.api.registry import RequestStatus
 from edgellm.engine.core import EngineCore
 from edgellm.engine.model import ModelConfig
+from edgellm.ratio1.node_payloads import answer_outcome, payload_body, run_payloads
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.runtime.board import BoardTelemetry, prometheus_samples
+from edgellm.runtime.board.telemetry import BoardTelemetry, prometheus_samples
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "board"
 

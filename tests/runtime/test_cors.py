@@ -19,8 +19,8 @@ from starlette.routing import Match, Route
 from starlette.testclient import TestClient
 
 from edgellm.api.metrics import ServiceMetrics
-from edgellm.runtime.cors import Cors
-from edgellm.runtime.http_guard import CountResponses, Drain, GuardConfig, HttpGuard
+from edgellm.runtime.server.cors import Cors
+from edgellm.runtime.server.http_guard import CountResponses, Drain, GuardConfig, HttpGuard
 from edgellm.runtime.settings import SettingsError, load_settings
 from tests.console.conftest import chromium_path
 from tests.nodeproc import NodeProcess
@@ -222,7 +222,7 @@ def test_every_response_is_counted_by_route_template_and_code():
 
 def test_the_app_stacks_counter_cors_and_guard(tmp_path):
     """The real app, engine not started (no lifespan): routes that need no engine, and refusals."""
-    from edgellm.runtime.app import create_app
+    from edgellm.runtime.server.app import create_app
 
     app = create_app(load_settings(state_dir=str(tmp_path), cors_origins=[LISTED]))
     c = TestClient(app, base_url="http://127.0.0.1:8765")

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from edgellm.runtime import crash_guard
-from edgellm.runtime.crash_guard import Crash, PhaseRecorder, describe_requests
-from edgellm.runtime.native_crash import CRASH_ADVICE, CRASH_AT_ENV
+from edgellm.runtime.supervision import crash_guard
+from edgellm.runtime.supervision.crash_guard import Crash, PhaseRecorder, describe_requests
+from edgellm.runtime.supervision.native_crash import CRASH_ADVICE, CRASH_AT_ENV
 from tests.nodeproc import default_sigint
 from tests.process_hygiene import group_members, spawn
 
@@ -72,7 +72,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The guarded command, its child replaced by `python -c <argv[1]>`.
 WRAPPER = r"""
 import sys
-from edgellm.runtime import crash_guard
+from edgellm.runtime.supervision import crash_guard
 crash_guard._child_command = lambda argv: [sys.executable, "-c", sys.argv[1]]
 sys.exit(crash_guard.supervise("test", ["x"], lambda crash: "SALVAGED " + crash.phase))
 """
@@ -135,7 +135,7 @@ sys.exit(10 + len(got))
 
 def test_a_crash_after_the_output_was_written_keeps_the_exit_code_with_a_warning():
     child = r"""
-from edgellm.runtime.crash_guard import child_recorder
+from edgellm.runtime.supervision.crash_guard import child_recorder
 phase = child_recorder()
 phase("decoding request 1 of 1", "decoding:1")
 phase.finished(1, "out.json was written")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgellm.runtime.native_crash import CRASH_AT_ENV
+from edgellm.runtime.supervision.native_crash import CRASH_AT_ENV
 
 
 def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""Energy per answer (runtime/energy.py, engine/scheduler.energy_shares) and the throttling flag
+"""Energy per answer (runtime/board/energy.py, engine/scheduler.energy_shares) and the throttling flag
 (runtime/board.read_throttling), on copies of the fixture board trees whose power values change while
 the meter runs; the last tests run the real engine and a real node on the bundled model."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from edgellm.api.metrics import ServiceMetrics
 from edgellm.engine.step_plan import StepPlan
-from edgellm.runtime.board import BoardTelemetry, read_throttling
-from edgellm.runtime.energy import EnergyMeter, power_sources
+from edgellm.runtime.board.energy import EnergyMeter, power_sources
+from edgellm.runtime.board.telemetry import BoardTelemetry, read_throttling
 from tests.runtime.test_board import board_copy
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "board"

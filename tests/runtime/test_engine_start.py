@@ -2,7 +2,7 @@
 then `edgellm serve` exits non-zero with the reason (systemd's Restart= and the journal see it). A model
 file that cannot be loaded stops `serve` at once, naming the file, before any worker starts.
 
-The worker crashes come from EDGELLM_TEST_CRASH_AT and EDGELLM_TEST_CRASH_FILE (runtime/native_crash.py):
+The worker crashes come from EDGELLM_TEST_CRASH_AT and EDGELLM_TEST_CRASH_FILE (runtime/supervision/native_crash.py):
 a real SIGSEGV of the worker at an exact phase, which a real llama.cpp defect cannot be made to give on
 demand; EDGELLM_TEST_STALL_AT holds a worker inside a phase.
 """
@@ -210,7 +210,7 @@ def test_a_restart_with_the_same_build_and_model_skips_the_self_test_and_serves(
 def test_a_worker_that_cannot_be_restarted_after_a_crash_ends_serve_with_the_reason(tmp_path):
     """Every restart after a crash while serving fails (as when the model file was replaced after boot):
     after engine_start_attempts of them serve exits 3 with the reason, instead of answering 503 forever
-    while systemd sees a healthy process. EDGELLM_TEST_CRASH_FILE (runtime/native_crash.py) arms the
+    while systemd sees a healthy process. EDGELLM_TEST_CRASH_FILE (runtime/supervision/native_crash.py) arms the
     warm-up crash once the first worker is ready."""
     trigger = tmp_path / "crash-at"
     notify = tmp_path / "notify.sock"
@@ -274,7 +274,7 @@ def test_a_worker_that_cannot_be_restarted_after_a_crash_ends_serve_with_the_rea
 
 @pytest.mark.slow
 def test_a_starting_worker_dies_with_its_api_process(tmp_path):
-    # The worker stalls inside loading (EDGELLM_TEST_STALL_AT, runtime/native_crash.py), as it does for
+    # The worker stalls inside loading (EDGELLM_TEST_STALL_AT, runtime/supervision/native_crash.py), as it does for
     # minutes with a big model: it sends nothing more, so no broken pipe can end it; only its parent
     # watch (prestart.exit_with_parent, polling every 0.5 s) can.
     node = NodeProcess(tmp_path, env={"EDGELLM_TEST_STALL_AT": "loading"}).start(wait=False)
@@ -353,8 +353,8 @@ def test_health_reads_a_dead_worker_without_reaping_it(model_path):
     worker was "still running" instead of how it died (seen once in CI). The dead worker stays a zombie
     until the thread that handles its end reaps it, which then reads the real exit status."""
     from edgellm.engine.config import ModelConfig
-    from edgellm.runtime.ipc import WorkerConfig
-    from edgellm.runtime.supervisor import WorkerEngine
+    from edgellm.runtime.supervision.ipc import WorkerConfig
+    from edgellm.runtime.supervision.supervisor import WorkerEngine
 
     engine = WorkerEngine(WorkerConfig(model=ModelConfig(path=model_path)), on_output=lambda outs: None)
     proc = mp.get_context("spawn").Process(target=os._exit, args=(7,))
@@ -369,14 +369,14 @@ def test_health_reads_a_dead_worker_without_reaping_it(model_path):
 
 @pytest.mark.slow
 def test_the_first_start_takes_the_prestarted_worker_a_dead_or_unused_one_is_not_kept(model_path, monkeypatch):
-    """`edgellm serve` spawns its worker before the API's imports (runtime/prestart.py): the first start
+    """`edgellm serve` spawns its worker before the API's imports (runtime/supervision/prestart.py): the first start
     runs that very process (its pid) given the config then; one that died meanwhile is passed over for a
     fresh spawn; one nobody takes is killed and reaped by discard()."""
     from edgellm.engine.config import ModelConfig
     from edgellm.engine.interface import EngineState
-    from edgellm.runtime import prestart
-    from edgellm.runtime.ipc import WorkerConfig
-    from edgellm.runtime.supervisor import WorkerEngine
+    from edgellm.runtime.supervision import prestart
+    from edgellm.runtime.supervision.ipc import WorkerConfig
+    from edgellm.runtime.supervision.supervisor import WorkerEngine
 
     monkeypatch.setattr(prestart, "_meminfo_before", None)  # its reading must not outlive this test
     config = WorkerConfig(model=ModelConfig(path=model_path, n_ctx=1024, n_slots=1))

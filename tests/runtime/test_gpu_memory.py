@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgellm.runtime import gpu_memory
+from edgellm.runtime.board import gpu_memory
 
 
 def test_jetson_reports_unified_memory(tmp_path, monkeypatch):

@@ -17,8 +17,8 @@ import pytest
 
 from edgellm.api.auth import Authenticator, owner_id
 from edgellm.errors import InvalidRequest, Unauthorized
-from edgellm.runtime.http_common import MAX_JSON_DEPTH, SafeJSONResponse, parse_json
-from edgellm.runtime.http_guard import host_allowed, is_json_media_type
+from edgellm.runtime.server.http_common import MAX_JSON_DEPTH, SafeJSONResponse, parse_json
+from edgellm.runtime.server.http_guard import host_allowed, is_json_media_type
 from tests.conftest import chat
 from tests.nodeproc import NodeProcess, long_sync_request_in_flight
 

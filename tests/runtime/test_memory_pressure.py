@@ -1,4 +1,4 @@
-"""Memory pressure (runtime/memory_pressure.py) on a fake /proc tree written in tmp_path: the reader, the
+"""Memory pressure (runtime/board/memory_pressure.py) on a fake /proc tree written in tmp_path: the reader, the
 states a changing reading leads through (ok -> refusing -> critical -> ok), and a real node pointed at the
 tree (memory_pressure_root) that refuses new work with 503 + Retry-After while in-flight work finishes."""
 
@@ -16,9 +16,7 @@ import pytest
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.interface import EngineState
 from edgellm.errors import EngineUnavailable
-from edgellm.runtime import ipc
-from edgellm.runtime.ipc import WorkerConfig
-from edgellm.runtime.memory_pressure import (
+from edgellm.runtime.board.memory_pressure import (
     MemoryPressure,
     PressureState,
     Thresholds,
@@ -26,9 +24,11 @@ from edgellm.runtime.memory_pressure import (
     read_memory,
     trim_heap,
 )
-from edgellm.runtime.process_memory import rss_mib
+from edgellm.runtime.board.process_memory import rss_mib
 from edgellm.runtime.settings import SettingsError, load_settings
-from edgellm.runtime.supervisor import WorkerEngine
+from edgellm.runtime.supervision import ipc
+from edgellm.runtime.supervision.ipc import WorkerConfig
+from edgellm.runtime.supervision.supervisor import WorkerEngine
 from tests.nodeproc import LONG_GENERATION, NodeProcess
 
 MIB_KB = 1024

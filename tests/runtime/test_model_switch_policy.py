@@ -1,4 +1,4 @@
-"""Which models ModelSwitch keeps loaded (runtime/model_switch.py), with a stand-in worker.
+"""Which models ModelSwitch keeps loaded (runtime/supervision/model_switch.py), with a stand-in worker.
 
 The node tests (test_models.py) run real workers, but three real models on this 2-core machine cost a
 minute of loads per case; what is checked here is only the eviction policy (memory plans against the
@@ -16,8 +16,8 @@ import pytest
 
 from edgellm.engine.interface import EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, EngineRequest
-from edgellm.runtime.ipc import WorkerConfig
-from edgellm.runtime.model_switch import ModelSwitch
+from edgellm.runtime.supervision.ipc import WorkerConfig
+from edgellm.runtime.supervision.model_switch import ModelSwitch
 from tests.api.test_service import engine_info
 
 MIB = 2**20

@@ -1,4 +1,4 @@
-"""Several models on one node (settings `models:`, runtime/model_switch.py) on a real node: two copies of
+"""Several models on one node (settings `models:`, runtime/supervision/model_switch.py) on a real node: two copies of
 the bundled GGUF under two ids are enough to see which one answered (the response's `model`, the
 worker's pid), that both stay loaded when their memory plans fit the budget together and one is
 unloaded when they do not, and that nothing is lost across a switch, an idle unload or a node restart

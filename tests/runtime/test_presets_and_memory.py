@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgellm.engine.memory_plan import MIB
-from edgellm.runtime.presets import SOURCE_DIR, available, load_preset
+from edgellm.runtime.board.presets import SOURCE_DIR, available, load_preset
 from edgellm.runtime.settings import SettingsError, bundled_model_path, load_settings
 from tests.nodeproc import NodeProcess
 
@@ -107,9 +107,9 @@ def test_serve_refuses_to_start_when_the_model_does_not_fit(tmp_path):
 
 
 def test_the_default_budget_reads_memory_as_it_was_before_the_prestarted_worker(monkeypatch):
-    """serve reads /proc/meminfo just before it spawns the worker early (runtime/prestart.py): the plan's
+    """serve reads /proc/meminfo just before it spawns the worker early (runtime/supervision/prestart.py): the plan's
     default budget is a share of that reading, not of one that the worker's imports already lowered."""
-    from edgellm.runtime import prestart
+    from edgellm.runtime.supervision import prestart
 
     monkeypatch.setattr(prestart, "_meminfo_before", "MemTotal: 8000000 kB\nMemAvailable: 4194304 kB\n")
     plan = load_settings(None).memory_plan()

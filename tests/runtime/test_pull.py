@@ -26,7 +26,7 @@ from edgellm import gguf_split
 from edgellm.errors import PullError
 from edgellm.pull.fetch import DiskUsage, fetch
 from edgellm.pull.sources import plan
-from edgellm.runtime.presets import load_preset
+from edgellm.runtime.board.presets import load_preset
 
 MIB = 1 << 20
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from edgellm.runtime.sdnotify import Notifier
+from edgellm.runtime.server.sdnotify import Notifier
 from tests.conftest import chat
 from tests.nodeproc import NodeProcess
 
@@ -91,7 +91,7 @@ def test_each_engine_start_attempt_extends_systemds_start_timeout_then_serve_exi
     path, sock = notify_socket
     env = {
         "NOTIFY_SOCKET": str(path),
-        "EDGELLM_TEST_CRASH_AT": "warm-up",  # runtime/native_crash.py: every worker dies by SIGSEGV there
+        "EDGELLM_TEST_CRASH_AT": "warm-up",  # runtime/supervision/native_crash.py: every worker dies by SIGSEGV there
         "EDGELLM_ENGINE_START_ATTEMPTS": "2",
         "EDGELLM_ENGINE_START_BACKOFF_S": "0.3",
     }

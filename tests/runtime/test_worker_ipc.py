@@ -1,4 +1,4 @@
-"""The typed messages between the API process and the engine worker (edgellm/runtime/ipc.py): each
+"""The typed messages between the API process and the engine worker (edgellm/runtime/supervision/ipc.py): each
 pickles as it is, is immutable, and needs nothing of llama.cpp."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
 from edgellm.engine.types import EngineOutput, EngineRequest, SamplingParams
-from edgellm.runtime import ipc
+from edgellm.runtime.supervision import ipc
 
 
 def _info() -> EngineInfo:
@@ -57,6 +57,6 @@ def test_ready_and_pong_keep_the_wire_dicts():
 
 
 def test_the_messages_import_no_llama_cpp():
-    code = "import sys, edgellm.runtime.ipc; print(any(m.startswith('llama_cpp') for m in sys.modules))"
+    code = "import sys, edgellm.runtime.supervision.ipc; print(any(m.startswith('llama_cpp') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

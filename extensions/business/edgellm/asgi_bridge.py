@@ -286,8 +286,8 @@ def edgellm_error_reply(exc: Exception, path: str, mode: Any, node: Any) -> Http
     """A request the edgellm app could not take, answered in edgellm's own shapes: the node envelope
     (WRAPPED/RAW, `mode`) on the seed routes, OpenAI's error object under /v1/. A client-side error
     keeps its status; anything else (startup failed, bad config, stopping) is a 503."""
+    from edgellm.api.dialects.openai_chat import error_body
     from edgellm.api.envelope import ResponseMode, envelope
-    from edgellm.api.openai_compat import error_body
     from edgellm.errors import EdgeLLMError, EngineUnavailable
 
     if not (isinstance(exc, EdgeLLMError) and exc.http_status < 500):

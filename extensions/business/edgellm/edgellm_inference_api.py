@@ -274,7 +274,7 @@ class EdgellmInferenceApiPlugin(BasePlugin):
             time.sleep(0.1)
 
     def _create_app(self, settings):
-        from edgellm.runtime.app import create_app  # in the runner's thread: the engine starts from its lifespan
+        from edgellm.runtime.server.app import create_app  # in the runner's thread: the engine starts from its lifespan
 
         return create_app(settings, node=self._node, fleet=self._balancer if self._balancing.active else None)
 

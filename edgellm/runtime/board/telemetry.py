@@ -147,7 +147,7 @@ def read_temperatures(root: Path) -> dict[str, float]:
 class RailSource:
     """Where one INA3221 channel's reading lives: the driver's own power file (IIO), else voltage x current.
 
-    Resolved once (`rail_sources`) so that a caller reading often (runtime/energy.py, ~10 times a second)
+    Resolved once (`rail_sources`) so that a caller reading often (runtime/board/energy.py, ~10 times a second)
     reads two or three small files per sample instead of walking the driver tree each time.
     """
 

@@ -47,7 +47,7 @@ def _die_by_sigsegv() -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
-# Two more test hooks of the same kind, for the engine worker (runtime/worker.py calls them at each
+# Two more test hooks of the same kind, for the engine worker (runtime/supervision/worker.py calls them at each
 # phase, with crash_point):
 # - EDGELLM_TEST_CRASH_FILE=<path>: the same SIGSEGV at the phase the file names, read when the phase
 #   begins (no file: no effect). Unlike the environment, a file can change while the node runs: a test

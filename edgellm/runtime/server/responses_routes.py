@@ -1,6 +1,6 @@
 """POST /v1/responses (with typed SSE events), GET and DELETE /v1/responses/{id}, over the same Service.
 
-A Responses body is translated into a chat-completions body (api/responses_compat.py) and goes the
+A Responses body is translated into a chat-completions body (api/dialects/responses.py) and goes the
 chat route's way: `service.parse_openai`, `submit`, then `wait` or `stream`. The record the registry
 keeps of it is the stored response: GET rebuilds the object from it, `previous_response_id` the
 conversation, DELETE removes it; each only for the token that created it (others get a 404).
@@ -12,16 +12,16 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 
-from edgellm.api import responses_compat as rc
-from edgellm.api.openai_compat import error_body
+from edgellm.api.dialects import responses as rc
+from edgellm.api.dialects.openai_chat import error_body
 from edgellm.api.request_ids import public_id
 from edgellm.api.results import outcome_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.generation_flow import serve_generation
-from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
-from edgellm.runtime.http_common import authenticate, read_json_body
+from edgellm.runtime.server.generation_flow import serve_generation
+from edgellm.runtime.server.http_common import SafeJSONResponse as JSONResponse
+from edgellm.runtime.server.http_common import authenticate, read_json_body
 from edgellm.wire import render
 
 BODY_DOC = {

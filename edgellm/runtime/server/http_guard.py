@@ -5,13 +5,13 @@ What it refuses, and why:
   127.0.0.1 would otherwise read our answers) -> 421;
 - a POST/PUT/PATCH body that is not `application/json` (a browser sends text/plain, form and
   multipart bodies cross-origin without a CORS preflight; JSON needs one, granted only to the
-  origins in `cors_origins`, none by default: runtime/cors.py) -> 415;
+  origins in `cors_origins`, none by default: runtime/server/cors.py) -> 415;
 - a declared or streamed body over `max_body_bytes` -> 413, reading stops there;
 - a body that does not arrive within `body_timeout_s` -> 408; headers that do not arrive within
   `header_timeout_s` -> 408 and the connection closes (slowloris).
 On SIGTERM (`Drain`), requests that have not started their answer by the end of the grace
 period get a JSON 503 naming their request id, instead of uvicorn's bare text 500.
-CORS headers are sent only to the origins listed in `cors_origins` (runtime/cors.py, outside this
+CORS headers are sent only to the origins listed in `cors_origins` (runtime/server/cors.py, outside this
 guard so its refusals carry them too); by default none: the node is not meant to be called from web
 pages. `CountResponses`, outermost, counts every response by route template and status code.
 """

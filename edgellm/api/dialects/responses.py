@@ -3,7 +3,7 @@
 A Responses body is translated into an OpenAI chat-completions body, which `Service.parse_openai`
 then validates like any other (every rule, limit, guide and tool rule of that route applies); only
 what the Responses API spells differently is handled here. Nothing here touches the framework or the
-registry: the routes (runtime/responses_routes.py) read records through the service and hand them in.
+registry: the routes (runtime/server/responses_routes.py) read records through the service and hand them in.
 
 A response is a request like any other in the registry. Its record's `metadata` holds, under
 `META_KEY`, what the response object echoes and the chat body does not keep (instructions, the
@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgellm.api.dialects.openai_chat import check_model, refuse_unknown
 from edgellm.api.display import kind_of, show, show_name
 from edgellm.api.json_values import has_surrogate
-from edgellm.api.openai_compat import check_model, refuse_unknown
 from edgellm.api.request_ids import public_id
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest, UnknownRequest
 

@@ -2,7 +2,7 @@
 
 The page's files are public (they hold no data); every data call, these and the ones the page makes
 to /status, /metrics, /request_status and /v1/chat/completions, needs the node's token when it has one.
-Assets are served from the package (edgellm/runtime/console/): no CDN, the device may be offline.
+Assets are served from the package (edgellm/runtime/server/console/): no CDN, the device may be offline.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgellm import jsonsafe
+from edgellm.api.dialects.openai_chat import error_body, parse_openai_request
 from edgellm.api.guide_pool import shared_pool
-from edgellm.api.openai_compat import error_body, parse_openai_request
 from edgellm.api.registry import RequestStatus
 from edgellm.api.service import Service
 from edgellm.api.validation import ChatRequest
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest
 from edgellm.media.loading import check_content
-from edgellm.runtime.http_common import SafeJSONResponse, authenticate, read_json_body
+from edgellm.runtime.server.http_common import SafeJSONResponse, authenticate, read_json_body
 
 ASSETS = Path(__file__).with_name("console")
 CONTENT_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}

@@ -17,7 +17,7 @@ from edgellm.errors import PresetError
 # Installed presets (tools/install_service.sh copies them here), then the source tree's (editable
 # installs, running from a checkout).
 INSTALLED_DIR = Path("/etc/edgellm/models")
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+SOURCE_DIR = Path(__file__).resolve().parents[3] / "configs" / "models"
 
 
 @dataclass(frozen=True)

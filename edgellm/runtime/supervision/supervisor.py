@@ -9,7 +9,7 @@ sent again once; a request whose second attempt is also lost fails with a clear 
 restart fails (the model file was replaced or removed after boot), the state is FAILED and
 `on_failed` says why, as a failed start does: the node then exits instead of answering 503 forever.
 Outputs are delivered through `on_output` from a reader thread, one call per engine message.
-A worker's end is always told in words (runtime/native_crash.py): signal or exit code, and phase.
+A worker's end is always told in words (runtime/supervision/native_crash.py): signal or exit code, and phase.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from edgellm.engine.info import EngineInfo, EngineStats
 from edgellm.engine.interface import Build, EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable, ErrorType
-from edgellm.runtime import ipc, prestart
-from edgellm.runtime.ipc import WorkerConfig
-from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, describe_exit
+from edgellm.runtime.supervision import ipc, prestart
+from edgellm.runtime.supervision.ipc import WorkerConfig
+from edgellm.runtime.supervision.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _worker_main(config: WorkerConfig, conn, api_pid: int) -> None:
     """The spawned process's entry point. llama.cpp is imported here, in the worker, never in the API
     process (which would pay its memory for nothing and could crash with it)."""
     threading.Thread(target=prestart.exit_with_parent, args=(api_pid,), name="parent-watch", daemon=True).start()
-    from edgellm.runtime.worker import run_worker
+    from edgellm.runtime.supervision.worker import run_worker
 
     run_worker(config, conn)
 
@@ -98,7 +98,7 @@ class WorkerEngine:
     ):
         self.config = config
         # Its deliveries' tag in a shared RequestTable: "" alone; the model id when several workers share
-        # one table (runtime/model_switch.py keeps a worker per resident model).
+        # one table (runtime/supervision/model_switch.py keeps a worker per resident model).
         self.name = name
         self.on_output = on_output
         # The work in flight is each request's Delivery in the API's one RequestState table (its
@@ -236,7 +236,7 @@ class WorkerEngine:
         """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message).
         Raises _StartFailed, the worker reaped, when it does not become READY."""
         # The first start of `edgellm serve` takes the worker it spawned before its own imports
-        # (runtime/prestart.py): started, its imports done or under way, waiting for this config.
+        # (runtime/supervision/prestart.py): started, its imports done or under way, waiting for this config.
         prestarted = prestart.take()
         if prestarted is not None:
             proc, parent_conn = prestarted
@@ -416,7 +416,7 @@ class WorkerEngine:
         self._send(ipc.Abort(request_id))
 
     def shed_caches(self, reading: dict[str, Any] | None = None, timeout_s: float = 2.0) -> str | None:
-        """An on_critical hook (runtime/memory_pressure.py): the READY worker frees what it makes again on
+        """An on_critical hook (runtime/board/memory_pressure.py): the READY worker frees what it makes again on
         demand (its embedding context, idle LoRA adapters, grammar caches, the prefix files' page cache)
         and trims its heap, its model staying loaded. It does so between two decode steps, so the answer
         waits at most `timeout_s` (the hook runs on the pressure reader thread, before the others).
@@ -592,7 +592,7 @@ class WorkerEngine:
             max_attempts=self.start_attempts if starting else None,
         )
 
-    # -- one model (runtime/model_switch.py serves several) -------------------------------------
+    # -- one model (runtime/supervision/model_switch.py serves several) -------------------------------------
     def dispatch(self, model: str | None, request_id: str, build: Build) -> None:
         self.submit(build())
 

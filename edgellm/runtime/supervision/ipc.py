@@ -1,7 +1,7 @@
 """The typed messages that cross between the API process and the engine worker.
 
-One small frozen dataclass per message, matched by type on both sides (runtime/worker.py,
-runtime/supervisor.py): a field is read by name, never a payload read back by key. Everything here
+One small frozen dataclass per message, matched by type on both sides (runtime/supervision/worker.py,
+runtime/supervision/supervisor.py): a field is read by name, never a payload read back by key. Everything here
 pickles without llama.cpp (the API process never imports it).
 """
 
@@ -88,7 +88,7 @@ class WorkerConfig:
     model: ModelConfig
     max_waiting: int = 64
     log_level: str = "INFO"
-    # Where the worker's energy meter reads the power rails (runtime/energy.py; settings.board_root), and
+    # Where the worker's energy meter reads the power rails (runtime/board/energy.py; settings.board_root), and
     # how often; None: no meter, no energy fields in the timings.
     board_root: str | None = None
     energy_interval_s: float = 0.1

@@ -1,5 +1,5 @@
 """POST /v1/messages (with SSE streaming) and POST /v1/messages/count_tokens: the Anthropic Messages API
-over the same Service and request path as /v1/chat/completions (api/anthropic_compat.py translates)."""
+over the same Service and request path as /v1/chat/completions (api/dialects/anthropic_messages.py translates)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from edgellm.api import anthropic_compat as ac
+from edgellm.api.dialects import anthropic_messages as ac
 from edgellm.api.request_ids import public_id
 from edgellm.api.results import Outcome, finish_reason, outcome_of, status_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.engine.types import StopCause
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.generation_flow import serve_generation
-from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
-from edgellm.runtime.http_common import authenticate, read_json_body
+from edgellm.runtime.server.generation_flow import serve_generation
+from edgellm.runtime.server.http_common import SafeJSONResponse as JSONResponse
+from edgellm.runtime.server.http_common import authenticate, read_json_body
 
 API_KEY_HEADER = "x-api-key"  # the Anthropic clients' header; Authorization: Bearer works as well
 

@@ -1,7 +1,7 @@
 """Child processes that die with the process that started them (Linux: PR_SET_PDEATHSIG).
 
 One helper for everything that starts a child it must not outlive: the crash guard's engine child
-(edgellm/runtime/crash_guard.py) and the processes a test starts (tests/process_hygiene.py).
+(edgellm/runtime/supervision/crash_guard.py) and the processes a test starts (tests/process_hygiene.py).
 """
 
 from __future__ import annotations

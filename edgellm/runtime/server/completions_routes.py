@@ -2,7 +2,7 @@
 
 Each prompt of a body is a request of its own (registered, counted against max_queued, cancelled
 when the caller goes away), submitted in order and gathered: choice index = prompt * n + sample.
-The translation is api/completions_compat.py; the waiting and the refusals are the chat route's.
+The translation is api/dialects/completions.py; the waiting and the refusals are the chat route's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi.responses import Response
 
 from edgellm.api import model_routes
 from edgellm.api.chat_request import ChatRequest
-from edgellm.api.completions_compat import (
+from edgellm.api.dialects.completions import (
     COMPLETION_BODY_SCHEMA,
     MAX_PROMPTS,
     CompletionOptions,
@@ -30,16 +30,16 @@ from edgellm.api.completions_compat import (
     summed_usage,
     usage_chunk,
 )
-from edgellm.api.openai_compat import error_body, now
+from edgellm.api.dialects.openai_chat import error_body, now
 from edgellm.api.request_ids import public_id
 from edgellm.api.results import finish_reason, status_of, usage_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError
-from edgellm.runtime.generation_flow import CLIENT_CLOSED, ClientGone, event_stream, raise_for_failure
-from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
-from edgellm.runtime.http_common import authenticate, read_json_body
-from edgellm.runtime.http_guard import remember_request_id
+from edgellm.runtime.server.generation_flow import CLIENT_CLOSED, ClientGone, event_stream, raise_for_failure
+from edgellm.runtime.server.http_common import SafeJSONResponse as JSONResponse
+from edgellm.runtime.server.http_common import authenticate, read_json_body
+from edgellm.runtime.server.http_guard import remember_request_id
 
 SETTLE_S = 5.0  # how long a refused body's already-submitted prompts get to end after their abort
 

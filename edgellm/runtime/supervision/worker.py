@@ -1,8 +1,8 @@
 """The engine worker process: owns the engine core, drains the pipe and steps it.
 
 Spawned by the supervisor with its `WorkerConfig` as the argument (uvicorn's pattern), or, for serve's
-first start, spawned early and handed it over the pipe (runtime/prestart.py); it sets up its own
-logging and talks over one duplex Pipe in the typed messages of runtime/ipc.py: Phase while it starts,
+first start, spawned early and handed it over the pipe (runtime/supervision/prestart.py); it sets up its own
+logging and talks over one duplex Pipe in the typed messages of runtime/supervision/ipc.py: Phase while it starts,
 then Ready. It exits when the API process goes away (prestart.exit_with_parent, a thread started from
 the process's first moment, watches for that).
 """
@@ -19,8 +19,9 @@ from multiprocessing.connection import wait as wait_for
 from edgellm.engine import test_hooks
 from edgellm.engine.core import EngineCore
 from edgellm.engine.start_record import StartRecord
-from edgellm.runtime.energy import EnergyMeter
-from edgellm.runtime.ipc import (
+from edgellm.runtime.board.energy import EnergyMeter
+from edgellm.runtime.board.process_memory import rss_mib
+from edgellm.runtime.supervision.ipc import (
     Abort,
     Fatal,
     MemoryShed,
@@ -34,14 +35,13 @@ from edgellm.runtime.ipc import (
     Submit,
     WorkerConfig,
 )
-from edgellm.runtime.native_crash import crash_point, crash_point_from_file, stall_point
-from edgellm.runtime.process_memory import rss_mib
+from edgellm.runtime.supervision.native_crash import crash_point, crash_point_from_file, stall_point
 
 log = logging.getLogger("edgellm.worker")
 
 
 def _crash_hooks(phase: str) -> None:
-    """The test hooks of runtime/native_crash.py (a SIGSEGV, or a stall, at this phase); each is a no-op
+    """The test hooks of runtime/supervision/native_crash.py (a SIGSEGV, or a stall, at this phase); each is a no-op
     unless a test set its variable."""
     crash_point(phase)
     crash_point_from_file(phase)

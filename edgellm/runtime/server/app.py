@@ -17,36 +17,36 @@ from fastapi.responses import JSONResponse, Response
 from edgellm import __version__
 from edgellm.api.auth import Authenticator
 from edgellm.api.body_schema import openapi_components
+from edgellm.api.dialects.openai_chat import error_body
 from edgellm.api.envelope import NodeIdentity, ResponseMode, envelope
 from edgellm.api.model_routes import ModelRoute
-from edgellm.api.openai_compat import error_body
 from edgellm.api.registry import Registry
 from edgellm.api.request_ids import public_id
 from edgellm.api.service import Service, ServiceConfig
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EdgeLLMError, EngineUnavailable, InvalidRequest, Unauthorized
-from edgellm.runtime.anthropic_routes import add_anthropic_routes
-from edgellm.runtime.anthropic_routes import error_response as anthropic_error_response
-from edgellm.runtime.board import BoardTelemetry
-from edgellm.runtime.completions_routes import add_completions_routes
-from edgellm.runtime.console_routes import add_console_routes
-from edgellm.runtime.cors import Cors
-from edgellm.runtime.energy import EnergyMeter
-from edgellm.runtime.engine_task_routes import add_engine_task_routes
-from edgellm.runtime.gpu_memory import gpu_memory
-from edgellm.runtime.http_common import SafeJSONResponse, read_authenticated_body
-from edgellm.runtime.http_common import authenticate as authenticate_request
-from edgellm.runtime.http_guard import CountResponses, Drain, GuardConfig, HttpGuard, remember_request_id
-from edgellm.runtime.ipc import WorkerConfig
+from edgellm.runtime.board.energy import EnergyMeter
+from edgellm.runtime.board.gpu_memory import gpu_memory
+from edgellm.runtime.board.memory_pressure import MemoryPressure, Thresholds, trim_heap
+from edgellm.runtime.board.process_memory import process_memory
+from edgellm.runtime.board.telemetry import BoardTelemetry
 from edgellm.runtime.live_settings import classify
-from edgellm.runtime.memory_pressure import MemoryPressure, Thresholds, trim_heap
-from edgellm.runtime.model_switch import ModelSwitch
-from edgellm.runtime.openai_routes import add_openai_routes
-from edgellm.runtime.process_memory import process_memory
-from edgellm.runtime.prometheus import prometheus_text
-from edgellm.runtime.responses_routes import add_responses_routes
+from edgellm.runtime.server.anthropic_routes import add_anthropic_routes
+from edgellm.runtime.server.anthropic_routes import error_response as anthropic_error_response
+from edgellm.runtime.server.completions_routes import add_completions_routes
+from edgellm.runtime.server.console_routes import add_console_routes
+from edgellm.runtime.server.cors import Cors
+from edgellm.runtime.server.engine_task_routes import add_engine_task_routes
+from edgellm.runtime.server.http_common import SafeJSONResponse, read_authenticated_body
+from edgellm.runtime.server.http_common import authenticate as authenticate_request
+from edgellm.runtime.server.http_guard import CountResponses, Drain, GuardConfig, HttpGuard, remember_request_id
+from edgellm.runtime.server.openai_routes import add_openai_routes
+from edgellm.runtime.server.prometheus import prometheus_text
+from edgellm.runtime.server.responses_routes import add_responses_routes
 from edgellm.runtime.settings import Settings
-from edgellm.runtime.supervisor import WorkerEngine
+from edgellm.runtime.supervision.ipc import WorkerConfig
+from edgellm.runtime.supervision.model_switch import ModelSwitch
+from edgellm.runtime.supervision.supervisor import WorkerEngine
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def create_app(
     service.pressure = pressure
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
-    # Several models, or one that idles out: runtime/model_switch.py keeps a worker per loaded model.
+    # Several models, or one that idles out: runtime/supervision/model_switch.py keeps a worker per loaded model.
     switched = {(entry.id if entry else service.model_name): worker_config(s, config) for entry, s, config in served}
     worker = next(iter(switched.values()))  # the default model's: what the worker starts with
     # What each model's memory plan holds, against the default's budget: which of them fit loaded at once.

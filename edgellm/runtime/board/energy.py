@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from edgellm.runtime.board import RailSource, rail_sources
+from edgellm.runtime.board.telemetry import RailSource, rail_sources
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ so sampling fields, bounds and guides mean the same on both routes) and marked `
 prompt is the model's input as written (or its token ids), no chat template. The stored results keep
 the chat shape every route stores (api/results.py); the bodies below turn them into OpenAI's
 `text_completion` objects, with the legacy `logprobs` shape (tokens, token_logprobs, top_logprobs as
-{token: logprob}, text_offset). Framework-agnostic: runtime/completions_routes.py serves it.
+{token: logprob}, text_offset). Framework-agnostic: runtime/server/completions_routes.py serves it.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.chat_request import ChatRequest
+from edgellm.api.dialects.openai_chat import check_model, refuse_unknown
 from edgellm.api.display import kind_of, show
 from edgellm.api.fields import FIELDS, MAX_MESSAGES, MAX_PROMPT_BYTES, OPENAI_PASSTHROUGH
 from edgellm.api.json_values import has_surrogate
-from edgellm.api.openai_compat import check_model, refuse_unknown
 from edgellm.api.validation import MAX_TOKEN_ID, parse_chat_request
 from edgellm.errors import InvalidRequest
 

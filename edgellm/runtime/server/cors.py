@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from edgellm.runtime.http_guard import ASGIApp, Message, Receive, Scope, Send
+from edgellm.runtime.server.http_guard import ASGIApp, Message, Receive, Scope, Send
 
 ALLOWED_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
 ALLOWED_HEADERS = frozenset({"content-type", "authorization", "x-api-key"})

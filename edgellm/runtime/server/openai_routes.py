@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from fastapi import FastAPI, Request
 
-from edgellm.api.openai_compat import (
+from edgellm.api.dialects.openai_chat import (
     OpenAIOptions,
     chunk_body,
     completion_body,
@@ -21,9 +21,9 @@ from edgellm.api.results import finish_reason, status_of, usage_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.generation_flow import serve_generation
-from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
-from edgellm.runtime.http_common import authenticate, read_json_body
+from edgellm.runtime.server.generation_flow import serve_generation
+from edgellm.runtime.server.http_common import SafeJSONResponse as JSONResponse
+from edgellm.runtime.server.http_common import authenticate, read_json_body
 
 
 def _sse(data: dict | str) -> str:

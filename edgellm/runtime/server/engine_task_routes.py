@@ -11,13 +11,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from edgellm.api.embeddings_compat import embeddings_body, parse_detokenize, parse_embeddings, parse_tokenize
-from edgellm.api.openai_compat import error_body
+from edgellm.api.dialects.embeddings import embeddings_body, parse_detokenize, parse_embeddings, parse_tokenize
+from edgellm.api.dialects.openai_chat import error_body
 from edgellm.api.service import Service
 from edgellm.engine.types import Priority
 from edgellm.errors import EdgeLLMError
-from edgellm.runtime.http_common import SafeJSONResponse as JSONResponse
-from edgellm.runtime.http_common import authenticate, read_json_body
+from edgellm.runtime.server.http_common import SafeJSONResponse as JSONResponse
+from edgellm.runtime.server.http_common import authenticate, read_json_body
 
 
 def _body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
                 n_embd=info.n_embd if (info := service.engine_info(model)) is not None else 0,
                 max_bytes=service.config.max_prompt_bytes,
             )
-            call.request.model = model  # a task for that model's worker (runtime/model_switch.py)
+            call.request.model = model  # a task for that model's worker (runtime/supervision/model_switch.py)
             call.request.priority = Priority(service.auth.lane(owner, call.priority))
             # A caller that hangs up cancels its inputs not yet embedded (the engine drops the job at its
             # next step), as a chat request's generation is.

@@ -7,7 +7,7 @@ little before that point keeps what is already running alive: a 503 with Retry-A
 come back, and the requests in flight finish in the memory they already hold.
 
 Three sources, read about once a second on a daemon thread (paths relative to `root`, so tests point it at
-a fake tree, as runtime/board.py does):
+a fake tree, as runtime/board/telemetry.py does):
 
 - /proc/meminfo `MemAvailable` (kB): the kernel's estimate of what can be allocated without swapping,
   page cache it can drop included. Below `min_available_mib`: refusing; below `critical_mib`: critical.
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import EdgeLLMError, EngineUnavailable
-from edgellm.runtime.process_memory import rss_mib
+from edgellm.runtime.board.process_memory import rss_mib
 
 log = logging.getLogger(__name__)
 

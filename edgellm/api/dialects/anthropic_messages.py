@@ -18,8 +18,8 @@ from typing import Any
 
 import pydantic_core
 
+from edgellm.api.dialects.openai_chat import ModelNotFound, unserved
 from edgellm.api.display import kind_of, show, show_name
-from edgellm.api.openai_compat import ModelNotFound, unserved
 from edgellm.errors import EdgeLLMError, InvalidRequest
 
 MESSAGES_FIELDS = frozenset(

@@ -7,7 +7,7 @@ time (the *active* one). But a model that fits beside it need not be unloaded: e
 worker process, and a switch to a model still loaded costs a drain, not a reload. Whether it stays is
 the memory plans' call: the resident models' plan totals (weights, KV cache, buffers, engine overhead:
 engine/memory_plan.py) together within memory_budget, at most `max_loaded_models` (0 = as many as fit),
-and memory pressure not raised (runtime/memory_pressure.py). Otherwise the least recently active
+and memory pressure not raised (runtime/board/memory_pressure.py). Otherwise the least recently active
 model's worker ends (all of its memory goes back to the board) before the next one loads.
 
 The work for a model that is not active waits here, in memory, while its rows wait in the durable
@@ -45,8 +45,8 @@ from edgellm.engine.info import EngineInfo, EngineStats
 from edgellm.engine.interface import Build, EngineHealth, EngineState, ModelsHealth
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EdgeLLMError, EngineUnavailable, ErrorType
-from edgellm.runtime.ipc import WorkerConfig
-from edgellm.runtime.supervisor import WorkerEngine
+from edgellm.runtime.supervision.ipc import WorkerConfig
+from edgellm.runtime.supervision.supervisor import WorkerEngine
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class ModelSwitch:
             ]
 
     def shed_idle(self, reading: dict[str, Any] | None = None) -> str | None:
-        """An on_critical hook (runtime/memory_pressure.py): unload every loaded model as soon as it has
+        """An on_critical hook (runtime/board/memory_pressure.py): unload every loaded model as soon as it has
         nothing to do, without waiting for idle_unload_s; the next request loads it again."""
         with self._cond:
             loaded = [m.id for m in self.models.values() if m.state == "loaded"]

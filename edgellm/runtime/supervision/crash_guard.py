@@ -17,7 +17,7 @@ parent, which never loads llama.cpp, waits:
   child, in the background for the terminal, writes its progress bar there as before; it ignores
   SIGTTOU and SIGTTIN, so `stty tostop` or a read of the terminal never stops it behind the parent's
   back. A child that dies of a signal the parent got too ends the parent the same way; a parent
-  killed outright (SIGKILL) takes the child with it (PR_SET_PDEATHSIG, runtime/child_process.py);
+  killed outright (SIGKILL) takes the child with it (PR_SET_PDEATHSIG, runtime/supervision/child_process.py);
 - a child killed by any other signal crashed (SIGSEGV, SIGBUS, SIGILL, SIGABRT...; or was stopped from
   outside: SIGKILL, often the out-of-memory killer): the command's `salvage` writes out what finished
   (as Ctrl-C would) and the parent prints one line, the signal, the phase and what to do, and exits
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 # The phases an in-process engine run reports live with the engine's users (batch --local, infer):
 # they must not import the runtime to say them. Re-exported here for the guard's callers.
 from edgellm.phases import CLOSING, decoding_reporter, describe_requests  # noqa: F401
-from edgellm.runtime.child_process import die_with_parent
-from edgellm.runtime.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, crash_point, describe_exit
+from edgellm.runtime.supervision.child_process import die_with_parent
+from edgellm.runtime.supervision.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, crash_point, describe_exit
 
 # The exit code of an in-process command whose engine crashed (the same code as `edgellm serve`'s
 # engine that cannot start): neither 139 (what a shell shows for a bare segfault) nor 1 (requests failed).

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from edgellm.api.dialects.openai_chat import check_model, refuse_unknown
 from edgellm.api.display import show
-from edgellm.api.openai_compat import check_model, refuse_unknown
 from edgellm.api.validation import priority
 from edgellm.engine.types import EngineRequest, EngineTask
 from edgellm.errors import InvalidRequest, PayloadTooLarge

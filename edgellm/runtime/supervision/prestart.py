@@ -4,7 +4,7 @@
 then spawns the worker, which spends ~0.7 s more starting Python and importing llama.cpp and numpy
 before it loads the model: on a board with two or more cores those can run at once. So serve calls
 `prestart()` first thing: a spawned process that watches its parent, imports the worker's modules
-and waits on its pipe for the WorkerConfig. The supervisor's first worker start (runtime/supervisor.py)
+and waits on its pipe for the WorkerConfig. The supervisor's first worker start (runtime/supervision/supervisor.py)
 takes it with `take()` and sends the config; every later start (a restart after a crash, a model
 switch) spawns a fresh worker as before. One nobody took is killed (`discard()`), and exits by itself
 when the API process is gone.
@@ -25,7 +25,7 @@ import os
 import threading
 import time
 
-from edgellm.runtime.native_crash import describe_exit
+from edgellm.runtime.supervision.native_crash import describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def exit_with_parent(api_pid: int) -> None:
 def _prestarted_main(conn, api_pid: int) -> None:
     """The prestarted process: the worker's imports now, then its config from the API, then the worker."""
     threading.Thread(target=exit_with_parent, args=(api_pid,), name="parent-watch", daemon=True).start()
-    from edgellm.runtime.worker import run_worker  # llama.cpp, numpy, the engine: the slow part
+    from edgellm.runtime.supervision.worker import run_worker  # llama.cpp, numpy, the engine: the slow part
 
     try:
         config = conn.recv()

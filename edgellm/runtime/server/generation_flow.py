@@ -20,7 +20,7 @@ from edgellm.api.results import Outcome, status_of
 from edgellm.api.service import Service
 from edgellm.api.text_state import RequestOutput
 from edgellm.errors import EdgeLLMError, WaitTimeout
-from edgellm.runtime.http_guard import remember_request_id
+from edgellm.runtime.server.http_guard import remember_request_id
 
 T = TypeVar("T")
 # (request key, its first output, the rest) -> the SSE text of the stream, in the dialect's events
