@@ -1,15 +1,19 @@
 """`ChatRequest`: a validated request, what the registry stores and the engine request is built from.
 
-Its defaults are the field table's (api/fields.py), and `sampling()` builds the engine's
-SamplingParams from the table's `sampling` fields, so neither can drift from what validation enforces.
+Its sampling fields are generated: one per field the table (api/fields.py) marks `sampling`, typed as the
+engine's `SamplingParams` stores it and defaulted as the table says; `sampling()` copies them over by name.
+So a new sampling parameter is a table row, a `SamplingParams` field and the sampler's use of it; this file
+does not change. The other defaults are the table's too, so none can drift from what validation enforces.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
 from edgellm.api.fields import FIELDS, SAMPLING_PARAM_FIELDS
 from edgellm.engine.types import GuideKind, GuideSpec, SamplingParams
@@ -21,25 +25,36 @@ def _default(name: str) -> Any:
     return FIELDS[name].default
 
 
-class ChatRequest(BaseModel):
+def _sampling_field(name: str, engine_field: dataclasses.Field, annotation: Any) -> tuple[Any, Any]:
+    """(type, default) of one generated field: the engine's type; a list or dict (stop, logit_bias) starts
+    empty per request, as the engine's does, where a client's body may leave it out or send null."""
+    if engine_field.default_factory is not dataclasses.MISSING:
+        return annotation, Field(default_factory=engine_field.default_factory)
+    return annotation, _default(name)
+
+
+def _sampling_fields() -> type[BaseModel]:
+    engine_fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
+    hints = typing.get_type_hints(SamplingParams)
+    return create_model(
+        "SamplingFields",
+        __config__=ConfigDict(frozen=True),
+        **{name: _sampling_field(name, engine_fields[name], hints[name]) for name in SAMPLING_PARAM_FIELDS},
+    )
+
+
+# The table's `sampling` fields, as a pydantic base ChatRequest builds on (see the module's docstring).
+SamplingFields = _sampling_fields()
+
+
+class ChatRequest(SamplingFields):  # type: ignore[valid-type, misc]
     """A validated request: what the registry stores and the engine request is built from."""
 
     model_config = ConfigDict(frozen=True)
 
     # content: a string, or (with images/audio) the parts of edgellm/media/parts.py's stored form
     messages: list[dict[str, Any]]
-    temperature: float = _default("temperature")
-    max_tokens: int = _default("max_tokens")
-    top_p: float = _default("top_p")
-    top_k: int = _default("top_k")
-    min_p: float = _default("min_p")
-    repeat_penalty: float = _default("repeat_penalty")
     seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    logit_bias: dict[int, float] = Field(default_factory=dict)
-    num_logprobs: int = _default("num_logprobs")
-    presence_penalty: float = _default("presence_penalty")
-    frequency_penalty: float = _default("frequency_penalty")
     guide: GuideSpec | None = None
     response_format: dict[str, Any] | None = None  # normalised form, echoed by return_full
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -113,6 +128,7 @@ class ChatRequest(BaseModel):
     def params_dict(self) -> dict[str, Any]:
         """The normalised request as JSON-friendly data (for the registry and return_full)."""
         data = self.model_dump(exclude={"guide", "metadata"})
+        data = {"messages": data.pop("messages"), **data}  # first, as before the sampling fields were generated
         data["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         data["guided_decoding"] = {self.guide.kind.value: self.guide.spec} if self.guide else None
         if data["model"] is None:  # the default model: stored and echoed as before there were several
