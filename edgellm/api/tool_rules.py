@@ -179,7 +179,8 @@ def tool_call_id(i: int, value: Any, call_ids: set[str]) -> str:
 
 
 def _one_of(value: Any, choices: Any, name: str) -> Any:
-    if value not in choices:
+    # A string first: `[] in {...}` raises TypeError (unhashable), which would be a 500 for a client's mistake.
+    if not isinstance(value, str) or value not in choices:
         raise InvalidRequest(f"{name} must be one of {', '.join(choices)}, got {show(value)}", param=name)
     return value
 

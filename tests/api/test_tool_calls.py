@@ -89,6 +89,9 @@ def test_bad_tool_requests_are_400s_naming_the_field():
     assert "not valid JSON" in _refused(_body(messages=bad_args), "messages")
     assert "tool_choice must be" in _refused(_body(tools=TOOLS, tool_choice="sometimes"), "tool_choice")
     assert "reasoning_format" in _refused(_body(reasoning_format="loud"), "reasoning_format")
+    for unhashable in ([], {}, ["low"]):  # `[] in {...}` raised TypeError: a 500 for a client's mistake
+        assert "reasoning_effort must be" in _refused(_body(reasoning_effort=unhashable), "reasoning_effort")
+        assert "reasoning_format must be" in _refused(_body(reasoning_format=unhashable), "reasoning_format")
     assert "may not set" in _refused(_body(chat_template_kwargs={"tools": []}), "chat_template_kwargs")
     assert "not both" in _refused(_body(thinking_budget_tokens=5, reasoning_effort="low"), "thinking_budget_tokens")
     assert "thinking_budget_tokens must be" in _refused(_body(thinking_budget_tokens=10**40), "thinking_budget_tokens")
