@@ -4,7 +4,7 @@ The registry (api/registry.py, SQLite) is the durable record of every request: w
 attempts, how it ended. What matters only while a request is alive in this process is kept here, in
 one RequestState per request key, instead of in a dictionary per concern:
 - the text being assembled from the engine's byte deltas, per sample (api/output_processor.py);
-- the waiter of a synchronous caller, or the queue a stream reads (api/service.py);
+- the waiter of a synchronous caller, or the queue a stream reads (api/answers.py);
 - an outcome that finished but could not be written to the registry yet (disk full);
 - the engine client's delivery: the request as sent, whether a worker has it, whether deltas already
   left, and its attempts in this boot (the worker supervisor's in-flight entry).

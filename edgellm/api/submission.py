@@ -9,21 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from edgellm.api.chat_request import ChatRequest
 from edgellm.api.dialects.openai_chat import OpenAIOptions, parse_openai_request
-from edgellm.api.guide_pool import request_checks, shared_pool
-from edgellm.api.model_routes import ModelRoute
-from edgellm.api.reply import PLAIN, ReplySpec
-from edgellm.api.tool_grammar import tool_guide
-from edgellm.api.tool_prompt import prompt_messages
-from edgellm.api.validation import (
+from edgellm.api.fields import (
     MAX_COMPLETION_TOKENS,
     MAX_MESSAGES,
     MAX_PROMPT_BYTES,
     MIN_COMPLETION_TOKENS,
     TEMPERATURE_MAX,
     TEMPERATURE_MIN,
-    ChatRequest,
 )
+from edgellm.api.guide_pool import request_checks, shared_pool
+from edgellm.api.model_routes import ModelRoute
+from edgellm.api.reply import PLAIN, ReplySpec
+from edgellm.api.tool_grammar import tool_guide
+from edgellm.api.tool_prompt import prompt_messages
 from edgellm.engine.chat_format import ChatFormat, ToolFormat
 from edgellm.engine.types import EngineRequest, Priority, ThinkingSpec
 from edgellm.errors import InvalidRequest

@@ -3,8 +3,8 @@
 Every rule raises `InvalidRequest` with a message a person can act on; nothing here returns a 500.
 The result is a typed `ChatRequest`; nothing downstream sees the raw dict. Defaults and bounds come
 from the field table (api/fields.py), the one the OpenAPI document is generated from; the guide rules
-are in api/guide_rules.py, the display of client values in api/display.py, and the checks that a
-parsed value can be stored in api/json_values.py.
+are in api/guide_rules.py, the messages rule in api/message_rules.py, the display of client values in
+api/display.py, and the checks that a parsed value can be stored in api/json_values.py.
 """
 
 from __future__ import annotations
@@ -30,52 +30,20 @@ from edgellm.api.fields import (
     MAX_MESSAGES,
     MAX_METADATA_BYTES,
     MAX_PROMPT_BYTES,
-    MAX_SAMPLES,
     MAX_SEED,
     MAX_STOP_STRINGS,
     MAX_TIMEOUT_S,
     MIN_COMPLETION_TOKENS,
     REQUEST_ID_PATTERN,
-    ROLES,
     TEMPERATURE_MAX,
     TEMPERATURE_MIN,
     BodyField,
 )
-from edgellm.api.guide_rules import GUIDE_KEYS, MAX_SCHEMA_DEPTH, guided_decoding, normalize_response_format
+from edgellm.api.guide_rules import guided_decoding, normalize_response_format
 from edgellm.api.json_values import has_surrogate, json_problem, json_size
+from edgellm.api.message_rules import normalized_messages
 from edgellm.engine.types import GuideKind, GuideSpec, Priority
 from edgellm.errors import InvalidRequest
-from edgellm.media.parts import parse_content
-
-# What other modules import from here (the rules' constants and helpers live where they belong now).
-__all__ = [
-    "GUIDE_KEYS",
-    "KNOWN_FIELDS",
-    "MAX_COMPLETION_TOKENS",
-    "MAX_LOGIT_BIAS",
-    "MAX_MESSAGES",
-    "MAX_METADATA_BYTES",
-    "MAX_METADATA_DEPTH",
-    "MAX_PROMPT_BYTES",
-    "MAX_SAMPLES",
-    "MAX_SCHEMA_DEPTH",
-    "MAX_SEED",
-    "MAX_STOP_STRINGS",
-    "MAX_TOKEN_ID",
-    "MIN_COMPLETION_TOKENS",
-    "ROLES",
-    "SAMPLING_FIELDS",
-    "TEMPERATURE_MAX",
-    "TEMPERATURE_MIN",
-    "ChatRequest",
-    "has_surrogate",
-    "json_problem",
-    "json_size",
-    "normalize_response_format",
-    "parse_chat_request",
-    "show",
-    "show_name",
-]
 
 REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 # Token ids beyond any real vocabulary; the service checks the model's own n_vocab when it knows it.
@@ -122,7 +90,7 @@ def parse_chat_request(
         schema = response_format.get("schema")
         guide = GuideSpec(GuideKind.JSON_SCHEMA, schema) if schema is not None else GuideSpec(GuideKind.JSON_OBJECT)
     metadata = _metadata(body.get("metadata"))
-    messages = _messages(body.get("messages"), max_messages, max_prompt_bytes)
+    messages = normalized_messages(body.get("messages"), max_messages=max_messages, max_prompt_bytes=max_prompt_bytes)
     tools = tool_rules.tools(body.get("tools"))
     choice = tool_rules.tool_choice(body.get("tool_choice"), tools)
     if tools and choice != "none" and guide is not None:
@@ -200,84 +168,6 @@ def _merge_extras(body: dict[str, Any]) -> dict[str, Any]:
             param="extras",
         )
     return {**body, **extras}
-
-
-def normalized_messages(value: Any, *, max_messages: int, max_prompt_bytes: int) -> list[dict[str, Any]]:
-    """The messages rule of a request body (count, roles, tool turns, lone surrogates, prompt bytes as
-    summed UTF-8 content), for messages that do not come in a body: a peer's delegated request."""
-    return _messages(value, max_messages, max_prompt_bytes)
-
-
-def _messages(value: Any, max_messages: int, max_prompt_bytes: int) -> list[dict[str, Any]]:
-    if value is None:
-        raise InvalidRequest("messages is required", param="messages")
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", param="messages")
-    if len(value) > max_messages:
-        raise InvalidRequest(
-            f"messages holds {len(value)} messages; the limit is {max_messages}. "
-            "Send fewer turns (e.g. drop or summarise the oldest ones).",
-            param="messages",
-        )
-    out = []
-    total = 0
-    call_ids: set[str] = set()  # of the assistant turns so far: a tool turn answers one of them
-    for i, msg in enumerate(value):
-        if not isinstance(msg, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object with role and content", param="messages")
-        role = msg.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise InvalidRequest(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}; got {show(role)}", param="messages"
-            )
-        content = msg.get("content")
-        extra: dict[str, Any] = {}
-        if role == "assistant" and msg.get("tool_calls") not in (None, []):
-            extra["tool_calls"] = tool_rules.assistant_calls(i, msg["tool_calls"], call_ids)
-            total += sum(len(c["function"]["arguments"]) for c in extra["tool_calls"])
-        if role == "tool" and msg.get("tool_call_id") is not None:  # without one: a seed-style tool turn
-            extra["tool_call_id"] = tool_rules.tool_call_id(i, msg.get("tool_call_id"), call_ids)
-        if role in ("assistant", "tool") and (content is None or (isinstance(content, str) and not content.strip())):
-            # An earlier assistant turn may be empty (OpenAI accepts it, e.g. a turn that only called a tool),
-            # and so may a tool's answer.
-            out.append({"role": role, "content": "", **extra})
-            continue
-        if isinstance(content, list):
-            parts, text_bytes, n_media = parse_content(f"messages[{i}]", content, role)
-            if n_media:
-                total += text_bytes
-                _check_prompt_bytes(total, max_prompt_bytes, i)
-                out.append({"role": role, "content": parts})
-                continue
-            content = parts[0]["text"]  # text parts only: the plain string they read as
-        if not isinstance(content, str):
-            raise InvalidRequest(
-                f"messages[{i}].content must be a non-empty string or an array of content parts, got {_kind(content)}",
-                param="messages",
-            )
-        if has_surrogate(content):
-            # It cannot be encoded to UTF-8 for the tokenizer; a client sent broken UTF-16 (e.g. half an
-            # emoji), and only it can say what was meant. NUL and other control characters are kept:
-            # they are valid UTF-8 and the tokenizer takes them as bytes.
-            raise InvalidRequest(f"messages[{i}].content contains a lone surrogate (invalid UTF-16)", param="messages")
-        content = content.strip()
-        if not content:
-            raise InvalidRequest(
-                f"messages[{i}].content must be a non-empty string (it is empty after trimming)", param="messages"
-            )
-        total += len(content.encode("utf-8"))
-        _check_prompt_bytes(total, max_prompt_bytes, i)
-        out.append({"role": role, "content": content, **extra})
-    return out
-
-
-def _check_prompt_bytes(total: int, max_prompt_bytes: int, i: int) -> None:
-    if total > max_prompt_bytes:
-        raise InvalidRequest(
-            f"the messages' content exceeds {max_prompt_bytes} bytes (UTF-8, summed; at messages[{i}]). "
-            "Shorten the prompt.",
-            param="messages",
-        )
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:

@@ -1,5 +1,6 @@
-"""The Anthropic Messages dialect (api/dialects/anthropic_messages.py): the request mapping onto the OpenAI body, the
-refusals (each a 400 naming its parameter), and the answer and stream translation."""
+"""The Anthropic Messages dialect (api/dialects/anthropic_messages.py, anthropic_turns.py, anthropic_answer.py):
+the request mapping onto the OpenAI body, the refusals (each a 400 naming its parameter), and the answer and
+stream translation."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from edgellm.api.dialects import anthropic_answer as aa
 from edgellm.api.dialects import anthropic_messages as ac
 from edgellm.api.dialects.openai_chat import ModelNotFound, parse_openai_request
 from edgellm.api.guide_pool import request_checks, shared_pool
@@ -362,14 +364,14 @@ def test_every_bad_shape_is_a_400_naming_the_parameter(case):
     exc = info.value
     assert exc.http_status == 400 and exc.param == param, (exc.param, exc.message)
     assert param is None or param in exc.message or param.replace("\\", "") in exc.message
-    json.dumps(ac.error_body(exc))  # always encodable
-    assert ac.error_body(exc)["error"]["type"] == "invalid_request_error"
+    json.dumps(aa.error_body(exc))  # always encodable
+    assert aa.error_body(exc)["error"]["type"] == "invalid_request_error"
 
 
 def test_another_model_is_a_404():
     with pytest.raises(ModelNotFound) as info:
         translate(body(model="claude-sonnet-4-5"))
-    assert info.value.http_status == 404 and ac.error_body(info.value)["error"]["type"] == "not_found_error"
+    assert info.value.http_status == 404 and aa.error_body(info.value)["error"]["type"] == "not_found_error"
 
 
 def test_renamed_errors_point_at_the_anthropic_location():
@@ -400,7 +402,7 @@ def test_renamed_errors_point_at_the_anthropic_location():
 )
 def test_error_types(exc, status, kind):
     assert exc.http_status == status
-    assert ac.error_body(exc) == {"type": "error", "error": {"type": kind, "message": exc.message}}
+    assert aa.error_body(exc) == {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
 # -- the answer -----------------------------------------------------------------------------------------------
@@ -422,7 +424,7 @@ def test_message_body_blocks_and_stop_reasons():
             {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
         ],
     }
-    out = ac.message_body("abc", MODEL, completion(message, "tool_calls"))
+    out = aa.message_body("abc", MODEL, completion(message, "tool_calls"))
     assert out == {
         "id": "msg_abc",
         "type": "message",
@@ -438,14 +440,14 @@ def test_message_body_blocks_and_stop_reasons():
         "usage": {"input_tokens": 11, "output_tokens": 7},
     }
     plain = {"role": "assistant", "content": "Hi"}
-    assert ac.message_body("a", MODEL, completion(plain, "length"))["stop_reason"] == "max_tokens"
-    assert ac.message_body("a", MODEL, completion(plain, "deadline"))["stop_reason"] == "max_tokens"  # deadline_ms
-    assert ac.message_body("a", MODEL, completion(plain, "stop"))["stop_reason"] == "end_turn"
-    one = ac.message_body("a", MODEL, completion(plain, "stop"), by_stop_string=True, stop_sequences=("END",))
+    assert aa.message_body("a", MODEL, completion(plain, "length"))["stop_reason"] == "max_tokens"
+    assert aa.message_body("a", MODEL, completion(plain, "deadline"))["stop_reason"] == "max_tokens"  # deadline_ms
+    assert aa.message_body("a", MODEL, completion(plain, "stop"))["stop_reason"] == "end_turn"
+    one = aa.message_body("a", MODEL, completion(plain, "stop"), by_stop_string=True, stop_sequences=("END",))
     assert (one["stop_reason"], one["stop_sequence"]) == ("stop_sequence", "END")
-    two = ac.message_body("a", MODEL, completion(plain, "stop"), by_stop_string=True, stop_sequences=("A", "B"))
+    two = aa.message_body("a", MODEL, completion(plain, "stop"), by_stop_string=True, stop_sequences=("A", "B"))
     assert (two["stop_reason"], two["stop_sequence"]) == ("stop_sequence", None)
-    assert ac.message_body("a", MODEL, completion({"role": "assistant", "content": ""}, "stop"))["content"] == []
+    assert aa.message_body("a", MODEL, completion({"role": "assistant", "content": ""}, "stop"))["content"] == []
 
 
 def accumulate(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -473,7 +475,7 @@ def accumulate(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]
 
 
 def test_stream_events_from_reply_deltas():
-    s = ac.StreamEvents("abc", MODEL)
+    s = aa.StreamEvents("abc", MODEL)
     events = list(s.start(12))
     assert [e[0] for e in events] == ["message_start", "ping"]
     assert events[0][1]["message"]["id"] == "msg_abc" and events[0][1]["message"]["usage"]["input_tokens"] == 12
@@ -509,7 +511,7 @@ def test_stream_events_from_reply_deltas():
 
 
 def test_stream_text_keeps_its_whitespace_and_names_a_single_stop_sequence():
-    s = ac.StreamEvents("x", MODEL, ("END",))
+    s = aa.StreamEvents("x", MODEL, ("END",))
     events = [
         e
         for d in ({"content": " "}, {"content": "Hello"}, {"content": " world"}, {"content": ""})
@@ -521,13 +523,13 @@ def test_stream_text_keeps_its_whitespace_and_names_a_single_stop_sequence():
 
 
 def test_an_empty_stream_has_no_blocks():
-    s = ac.StreamEvents("x", MODEL)
+    s = aa.StreamEvents("x", MODEL)
     end = list(s.finish("length", False, 0))
     assert [e[0] for e in end] == ["message_delta", "message_stop"]
     assert end[0][1]["delta"]["stop_reason"] == "max_tokens"
 
 
 def test_sse_lines():
-    text = ac.sse("ping", {"type": "ping"})
+    text = aa.sse("ping", {"type": "ping"})
     assert text == 'event: ping\ndata: {"type": "ping"}\n\n'
-    assert "\\ud800" in ac.sse("error", ac.error_body(InvalidRequest(LONE)))  # escaped, never a crash
+    assert "\\ud800" in aa.sse("error", aa.error_body(InvalidRequest(LONE)))  # escaped, never a crash

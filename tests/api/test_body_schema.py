@@ -47,7 +47,7 @@ def test_documented_defaults_are_the_real_defaults():
 
 
 def test_documented_fields_are_the_accepted_fields():
-    from edgellm.api.validation import KNOWN_FIELDS
+    from edgellm.api.fields import KNOWN_FIELDS
 
     assert set(ChatRequestBody.model_fields) == set(KNOWN_FIELDS) - {"stream"}
 
@@ -86,7 +86,7 @@ def test_content_parts_are_documented_as_the_route_accepts_them():
 
 
 def test_every_guide_mode_is_documented_structural_tag_included():
-    from edgellm.api.validation import GUIDE_KEYS
+    from edgellm.api.guide_rules import GUIDE_KEYS
 
     comps = openapi_components()
     assert set(comps["GuidedDecodingBody"]["properties"]) == set(GUIDE_KEYS)

@@ -7,13 +7,11 @@ import json
 import pytest
 
 from edgellm.api.chat_request import ChatRequest
-from edgellm.api.dialects.completions import (
-    CompletionOptions,
+from edgellm.api.dialects.completions import CompletionOptions, parse_completion_request, prompt_text
+from edgellm.api.dialects.completions_bodies import (
     completion_chunk,
     completion_response,
     legacy_logprobs,
-    parse_completion_request,
-    prompt_text,
     summed_usage,
     usage_chunk,
 )

@@ -15,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from edgellm.api.chat_request import ChatRequest
 from edgellm.api.dialects.openai_chat import MAPPED_FIELDS, parse_openai_request
-from edgellm.api.validation import KNOWN_FIELDS, ROLES, ChatRequest, parse_chat_request
+from edgellm.api.fields import KNOWN_FIELDS, ROLES
+from edgellm.api.validation import parse_chat_request
 from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.types import GuideKind
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgellm.api.auth import Authenticator
 from edgellm.api.metrics import LATENCY_BUCKETS_S, ServiceMetrics, histogram_quantile, live_state
 from edgellm.api.registry import Registry
-from edgellm.api.service import Service, ServiceConfig
+from edgellm.api.service import Service
+from edgellm.api.submission import ServiceConfig
 from edgellm.engine.info import EngineStats
 from edgellm.engine.interface import EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, FinishReason

@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from edgellm.api.auth import Authenticator
 from edgellm.api.dialects.openai_chat import parse_openai_request
 from edgellm.api.envelope import NodeIdentity
-from edgellm.api.service import Service, ServiceConfig
+from edgellm.api.service import Service
+from edgellm.api.submission import ServiceConfig
 from edgellm.api.validation import parse_chat_request
 from edgellm.errors import InvalidRequest
 from edgellm.runtime.settings import SettingsError, load_settings

@@ -1,4 +1,4 @@
-"""The Responses API dialect (api/dialects/responses.py): mapping, refusals, stored responses, stream events.
+"""The Responses API dialect (api/dialects/responses*.py): mapping, refusals, stored responses, stream events.
 
 Pure: the chat bodies built here go through the chat route's own parse (openai_compat), the response
 objects and events are read back with the official SDK's types (strict pydantic validation).
@@ -15,9 +15,13 @@ from pydantic import TypeAdapter
 
 from edgellm.api.auth import Authenticator
 from edgellm.api.dialects import responses as rc
+from edgellm.api.dialects import responses_object as ro
+from edgellm.api.dialects import responses_store as rst
+from edgellm.api.dialects import responses_stream as rs
 from edgellm.api.dialects.openai_chat import ModelNotFound, parse_openai_request
 from edgellm.api.registry import Registry, RequestStatus
-from edgellm.api.service import Service, ServiceConfig
+from edgellm.api.service import Service
+from edgellm.api.submission import ServiceConfig
 from edgellm.api.validation import parse_chat_request
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest, UnknownRequest
 
@@ -285,7 +289,7 @@ def test_errors_raised_after_the_chat_parse_are_named_in_responses_terms():
 class Record:
     def __init__(self, meta, params, result, status="completed", request_id=HEX, error=None, error_type=None):
         self.request_id, self.status, self.params, self.result = request_id, RequestStatus(status), params, result
-        self.metadata = {rc.META_KEY: meta} if meta is not None else {}
+        self.metadata = {rst.META_KEY: meta} if meta is not None else {}
         self.error, self.error_type = error, error_type
 
 
@@ -302,14 +306,14 @@ def result_of(message, finish="stop", usage=None):
 
 
 def stored(chat, req, message, finish="stop", status="completed"):
-    return rc.stored_response(Record(req.meta, chat.params_dict(), result_of(message, finish), status))
+    return rst.stored_response(Record(req.meta, chat.params_dict(), result_of(message, finish), status))
 
 
 def test_a_record_of_another_route_or_with_store_false_is_not_a_response():
     chat, req = run()
-    assert rc.stored_response(Record(None, chat.params_dict(), None)) is None
+    assert rst.stored_response(Record(None, chat.params_dict(), None)) is None
     chat, req = run(store=False)
-    assert rc.stored_response(Record(req.meta, chat.params_dict(), None)) is None
+    assert rst.stored_response(Record(req.meta, chat.params_dict(), None)) is None
 
 
 def test_the_response_object_parses_with_the_sdk_and_output_text_works():
@@ -321,7 +325,7 @@ def test_the_response_object_parses_with_the_sdk_and_output_text_works():
         "reasoning_content": "think",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"city":"P"}'}}],
     }
-    body = rc.response_body(stored(chat, req, message))
+    body = ro.response_body(stored(chat, req, message))
     r = sdk.Response.model_validate(body)
     assert r.id == RID and r.status == "completed" and r.output_text == "Looking."
     assert [o.type for o in r.output] == ["reasoning", "message", "function_call"]
@@ -334,25 +338,25 @@ def test_the_response_object_parses_with_the_sdk_and_output_text_works():
 
 def test_cut_and_failed_responses():
     chat, req = run()
-    body = rc.response_body(stored(chat, req, {"role": "assistant", "content": "abc"}, finish="length"))
+    body = ro.response_body(stored(chat, req, {"role": "assistant", "content": "abc"}, finish="length"))
     r = sdk.Response.model_validate(body)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.output[0].status == "incomplete" and r.output_text == "abc"
     # deadline_ms ended it: incomplete, under the one reason the API has for a cut answer
-    body = rc.response_body(stored(chat, req, {"role": "assistant", "content": "ab"}, finish="deadline"))
+    body = ro.response_body(stored(chat, req, {"role": "assistant", "content": "ab"}, finish="deadline"))
     r = sdk.Response.model_validate(body)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.output_text == "ab"
-    failed = rc.stored_response(Record(req.meta, chat.params_dict(), None, "failed", error="boom", error_type="x"))
-    r = sdk.Response.model_validate(rc.response_body(failed))
+    failed = rst.stored_response(Record(req.meta, chat.params_dict(), None, "failed", error="boom", error_type="x"))
+    r = sdk.Response.model_validate(ro.response_body(failed))
     assert r.status == "failed" and r.error.message == "boom" and r.output == [] and r.usage is None
-    pending = rc.stored_response(Record(req.meta, chat.params_dict(), None, "pending"))
-    assert sdk.Response.model_validate(rc.response_body(pending)).status == "in_progress"
+    pending = rst.stored_response(Record(req.meta, chat.params_dict(), None, "pending"))
+    assert sdk.Response.model_validate(ro.response_body(pending)).status == "in_progress"
 
 
 def test_history_drops_the_instructions_and_appends_the_output():
     chat, req = run(instructions="old rules", input=[{"role": "user", "content": "Q1"}])
     prev = stored(chat, req, {"role": "assistant", "content": "A1", "reasoning_content": "r"})
-    turns = rc.history(prev)
+    turns = rst.history(prev)
     assert turns == [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}]
     chat2, req2 = run(history=turns, instructions="new rules", input="Q2")
     assert [m["content"] for m in chat2.messages] == ["new rules", "Q1", "A1", "Q2"]
@@ -364,7 +368,7 @@ def test_history_keeps_tool_calls_so_outputs_can_answer_them():
     call = {"id": "call_9", "type": "function", "function": {"name": "w", "arguments": '{"city": "P"}'}}
     prev = stored(chat, req, {"role": "assistant", "content": None, "tool_calls": [call]})
     answer = [{"type": "function_call_output", "call_id": "call_9", "output": "sunny"}]
-    chat2, _ = run(history=rc.history(prev), input=answer, tools=tools)
+    chat2, _ = run(history=rst.history(prev), input=answer, tools=tools)
     assert chat2.messages[-2]["tool_calls"][0]["id"] == "call_9" and chat2.messages[-1]["tool_call_id"] == "call_9"
 
 
@@ -376,33 +380,33 @@ def test_stored_media_messages_replay_to_the_same_prompt():
         {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
     ]
     first = parse_chat_request({"messages": [{"role": "user", "content": content}]}).messages
-    again = parse_chat_request({"messages": [rc._replayed(m) for m in first]}).messages
+    again = parse_chat_request({"messages": [rst._replayed(m) for m in first]}).messages
 
     def texts(messages):
         return ["".join(p.get("text", "") for p in m["content"]) for m in messages]
 
     assert texts(again) == texts(first) == ["look\nclosely"]  # the same prompt, not a newline more per turn
     assert [p for p in again[0]["content"] if p["type"] != "text"] == first[0]["content"][2:]
-    assert parse_chat_request({"messages": [rc._replayed(m) for m in again]}).messages == again
+    assert parse_chat_request({"messages": [rst._replayed(m) for m in again]}).messages == again
 
 
 def test_a_pending_or_failed_previous_response_cannot_be_continued():
     chat, req = run()
     for status in ("pending", "failed"):
-        prev = rc.stored_response(Record(req.meta, chat.params_dict(), None, status))
+        prev = rst.stored_response(Record(req.meta, chat.params_dict(), None, status))
         with pytest.raises(InvalidRequest) as err:
-            rc.history(prev)
+            rst.history(prev)
         assert err.value.param == "previous_response_id"
 
 
 # -- streaming -----------------------------------------------------------------------------------
 def stream_events(deltas, message, finish="stop"):
     chat, req = run()
-    es = rc.EventStream(HEX)
-    events = es.start(rc.in_progress(req.meta, chat.params_dict(), RID))
+    es = rs.EventStream(HEX)
+    events = es.start(ro.in_progress(req.meta, chat.params_dict(), RID))
     for delta in deltas:
         events += es.feed([delta])
-    events += es.finish(rc.response_body(stored(chat, req, message, finish)))
+    events += es.finish(ro.response_body(stored(chat, req, message, finish)))
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     for e in events:
         EVENTS.validate_python(e)  # each one is an event the SDK knows, in its exact shape

@@ -13,7 +13,8 @@ import pytest
 
 from edgellm.api.auth import Authenticator
 from edgellm.api.registry import Registry, RegistryFull, RequestStatus
-from edgellm.api.service import Service, ServiceConfig
+from edgellm.api.service import Service
+from edgellm.api.submission import ServiceConfig
 from edgellm.api.validation import parse_chat_request
 from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
 from edgellm.engine.interface import EngineHealth, EngineState

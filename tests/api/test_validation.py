@@ -7,8 +7,10 @@ import json
 import pytest
 
 from edgellm.api.auth import Authenticator
+from edgellm.api.chat_request import ChatRequest
+from edgellm.api.guide_rules import normalize_response_format
 from edgellm.api.submission import engine_request
-from edgellm.api.validation import ChatRequest, normalize_response_format, parse_chat_request
+from edgellm.api.validation import parse_chat_request
 from edgellm.engine.types import GuideKind
 from edgellm.errors import InvalidRequest
 
