@@ -41,9 +41,21 @@ NESTED = {
 RAMBLE = [{"role": "user", "content": "Describe a person in great detail, with a very long list of tags and scores."}]
 
 
-def run(engine, rid: str, messages, guide: GuideSpec, max_tokens: int, seed: int = 0, temperature: float = 0.2):
+def request(rid: str, messages, guide: GuideSpec, max_tokens: int, seed: int = 0, temperature: float = 0.2):
     sampling = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
-    return engine.one(EngineRequest(rid, messages, sampling, guide=guide, cache_lookup=False))
+    return EngineRequest(rid, messages, sampling, guide=guide, cache_lookup=False)
+
+
+def run(engine, rid: str, messages, guide: GuideSpec, max_tokens: int, seed: int = 0, temperature: float = 0.2):
+    return engine.one(request(rid, messages, guide, max_tokens, seed, temperature))
+
+
+def run_seeds(engine, rid: str, messages, guide: GuideSpec, max_tokens: int, seeds: range, temperature: float = 0.2):
+    """One request per seed, all at once (the engine batches them: what is checked is each output's own
+    property, which holds whatever else shares the batch), by seed."""
+    requests = [request(f"{rid}-{s}", messages, guide, max_tokens, s, temperature) for s in seeds]
+    outputs = engine.run(requests)
+    return {s: outputs[f"{rid}-{s}"] for s in seeds}
 
 
 INVOICE = {
@@ -178,7 +190,7 @@ def test_a_hostile_schema_costs_the_cursor_little_and_raises_nothing(schema):
     for chunk in (b"", b"{", b'"a": {', b'"b": [[', b"1, {}]]"):
         cursor.feed(chunk)
         assert cursor.tokens_to_close() > 0
-    assert cursor._visits <= 600  # the expansion's visits are bounded (MAX_EXPAND_VISITS), not 4^16
+    assert cursor.shapes.visits <= 600  # the expansion's visits are bounded (MAX_EXPAND_VISITS), not 4^16
 
 
 def test_an_escaped_key_is_read_as_the_name_it_writes():
@@ -210,8 +222,7 @@ def test_closing_tokens_score_above_openers_and_whitespace():
 @pytest.mark.parametrize("max_tokens", [200, 64])
 def test_seed_003_json_only_example_parses_for_every_seed(engine, max_tokens):
     guide = GuideSpec(GuideKind.JSON_OBJECT)
-    for seed in range(10):
-        out = run(engine, f"j{max_tokens}-{seed}", SEED_003_JSON_ONLY, guide, max_tokens, seed)
+    for seed, out in run_seeds(engine, f"j{max_tokens}", SEED_003_JSON_ONLY, guide, max_tokens, range(10)).items():
         assert out.error is None, (seed, out.error, out.text[-80:])
         assert isinstance(json.loads(out.text), dict)
         assert out.completion_tokens <= max_tokens
@@ -222,8 +233,7 @@ def test_seed_003_json_only_example_parses_for_every_seed(engine, max_tokens):
 @pytest.mark.parametrize("max_tokens", [56, 80, 120])  # the shortest valid object is ~40 tokens
 def test_a_nested_schema_with_required_keys_and_arrays_closes_within_the_budget(engine, max_tokens):
     guide = GuideSpec(GuideKind.JSON_SCHEMA, NESTED)
-    for seed in range(3):
-        out = run(engine, f"n{max_tokens}-{seed}", RAMBLE, guide, max_tokens, seed, temperature=0.9)
+    for seed, out in run_seeds(engine, f"n{max_tokens}", RAMBLE, guide, max_tokens, range(3), temperature=0.9).items():
         assert out.error is None, (seed, out.error, out.text)
         jsonschema.validate(json.loads(out.text), NESTED)
         assert out.completion_tokens <= max_tokens

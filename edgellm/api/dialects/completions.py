@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from edgellm.api.body_schema import ChatRequestBody
 from edgellm.api.chat_request import ChatRequest
 from edgellm.api.dialects.openai_chat import check_model, refuse_unknown
 from edgellm.api.display import kind_of, show
@@ -268,6 +269,13 @@ def prompt_text(request: ChatRequest) -> str | None:
     return request.messages[0]["content"]
 
 
+def _chat_rules_schemas() -> dict[str, Any]:
+    """The fields /v1/completions hands to the chat rules as they are (PASSTHROUGH): their schema is the chat
+    body's, generated from the same table rows, so the two documents cannot disagree on a bound."""
+    properties = ChatRequestBody.model_json_schema(ref_template="#/components/schemas/{model}")["properties"]
+    return {name: properties[name] for name in PASSTHROUGH}
+
+
 # The request body as an OpenAPI schema (for /openapi.json's requestBody of /v1/completions).
 _TOKEN_LIST = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 COMPLETION_BODY_SCHEMA: dict[str, Any] = {
@@ -293,27 +301,14 @@ COMPLETION_BODY_SCHEMA: dict[str, Any] = {
             "maximum": FIELDS["max_tokens"].hi,
             "default": DEFAULT_MAX_TOKENS,
         },
-        "temperature": {"type": "number", "minimum": 0},
-        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "top_k": {"type": "integer", "minimum": 0},
-        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "repeat_penalty": {"type": "number", "exclusiveMinimum": 0},
-        "n": {"type": "integer", "minimum": 1, "maximum": FIELDS["n"].hi, "default": 1},
+        **_chat_rules_schemas(),
         "best_of": {"type": "integer", "minimum": 1, "description": "must equal n"},
         "stream": {"type": "boolean", "default": False},
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
         "logprobs": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS}, {"type": "null"}]},
         "echo": {"type": "boolean", "default": False, "description": "not together with logprobs"},
-        "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        "seed": {"anyOf": [{"type": "integer"}, {"type": "null"}], "description": "null or -1 = random"},
-        "logit_bias": {"type": "object", "additionalProperties": {"type": "number"}},
-        "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
         "response_format": {"type": "object"},
         "guided_decoding": {"$ref": "#/components/schemas/GuidedDecodingBody"},
-        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
-        "deadline_ms": {"type": "integer", "minimum": 1, "description": FIELDS["deadline_ms"].description},
-        "priority": {"enum": ["realtime", "interactive", "batch"], "description": FIELDS["priority"].description},
         "user": {"type": "string", "description": "accepted and ignored"},
     },
 }
