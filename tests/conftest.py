@@ -5,7 +5,7 @@ import tempfile
 
 import pytest
 
-from edgellm.runtime.settings import bundled_model_path
+from edgellm.runtime.model_sizing import bundled_model_path
 from tests import nodeproc
 from tests.nodeproc import STARTED, NodeProcess, live_nodes, stop_all
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edgellm.ratio1.launcher import free_port  # noqa: F401 (the tests import it from here)
+from edgellm.ratio1.ports import free_port  # noqa: F401 (the tests import it from here)
 from edgellm.runtime.supervision.native_crash import describe_exit
 from tests.process_hygiene import reap_group, release, spawn
 
@@ -180,6 +180,27 @@ def wait_until(predicate, timeout: float, what: str):
     pytest.fail(f"timed out waiting for {what}")
 
 
+def engine_report(node: NodeProcess) -> dict:
+    """The engine's last report as the node holds it (/metrics "engine": its load, slots_busy among it,
+    and its step counters, generated_tokens among them); the worker sends it with each Pong (~2 s)."""
+    return httpx.get(node.base + "/metrics", timeout=10).json()["result"]["engine"]
+
+
+def wait_generating(node: NodeProcess, before: dict, timeout: float = 60.0) -> dict:
+    """Wait until the engine reports a busy slot and more tokens generated than `before` (a report taken
+    with the engine idle, before the request was sent): the request is in the worker, being decoded.
+    Returns that report."""
+    return wait_until(
+        lambda: (
+            (report := engine_report(node)).get("slots_busy", 0) >= 1
+            and report.get("generated_tokens", 0) > before.get("generated_tokens", 0)
+            and report
+        ),
+        timeout,
+        "the engine to report a busy slot generating tokens",
+    )
+
+
 def live_nodes() -> list[NodeProcess]:
     """The nodes this process started that have not been stopped."""
     return list(_LIVE)
@@ -208,10 +229,11 @@ LONG_GENERATION = {"logit_bias": {"0": -100, "2": -100}, "temperature": 0}
 
 
 def long_sync_request_in_flight(node: NodeProcess) -> tuple[threading.Thread, dict]:
-    """A synchronous /predict that generates for minutes, started in a thread; returns once the node
-    counts it in flight (and half a second more, so it is decoding). `answer["r"]` is the response
-    once the thread ends, or `answer["exc"]` the httpx error."""
+    """A synchronous /predict that generates for minutes, started in a thread on an idle node; returns
+    once the engine reports it decoding (wait_generating). `answer["r"]` is the response once the
+    thread ends, or `answer["exc"]` the httpx error."""
     answer: dict = {}
+    before = engine_report(node)
 
     def call() -> None:
         body = {"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 4000, "timeout": 300}
@@ -222,10 +244,5 @@ def long_sync_request_in_flight(node: NodeProcess) -> tuple[threading.Thread, di
 
     caller = threading.Thread(target=call)
     caller.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if httpx.get(node.base + "/status", timeout=5).json()["result"].get("in_flight", 0) >= 1:
-            break
-        time.sleep(0.1)
-    time.sleep(0.5)
+    wait_generating(node, before)
     return caller, answer

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgellm.runtime.settings import bundled_model_path
+from edgellm.runtime.model_sizing import bundled_model_path
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 

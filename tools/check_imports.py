@@ -26,7 +26,7 @@ LAYERS = {
     "api": 2,
     "fleet": 3, "batch": 3, "infer": 3, "synth": 3, "offline": 3,
     "runtime": 4, "ratio1": 4, "pull": 4,
-    "cli": 5, "cli_infer": 5, "__main__": 5,
+    "cli": 5, "cli_infer": 5, "cli_batch": 5, "cli_serve": 5, "__main__": 5,
 }  # fmt: skip
 
 

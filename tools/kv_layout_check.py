@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgellm.engine.model import LlamaModel, ModelConfig  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
 
 PROMPT = (
     "<|im_start|>system\nYou are a careful assistant who answers in one short sentence, naming things plainly "

@@ -8,7 +8,8 @@
 # Kept in ${EDGELLM_CACHE:-$HOME/.cache/edgellm}/llama-server-<KEY>/ (bin/llama-server,
 # bin/llama-batched-bench, build.json); the sdist in .../sdist/. Static binaries (BUILD_SHARED_LIBS=OFF),
 # so the folder can be renamed into place once complete. Niced (nice -n 19) and -j2 by default
-# (EDGELLM_BUILD_JOBS), serialized between callers with flock. Used by tools/bench_vs_llama_server.py.
+# (EDGELLM_BUILD_JOBS), serialized between callers with flock. Used by the benchmarks against llama-server
+# (tools/bench/vs_llama_server.py, lanes.py, schemas.py).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -4,7 +4,7 @@
     python tools/settings_reference.py --check   # exit 1, saying so, when the file's table is stale
 
 One row per field of `edgellm.runtime.settings.Settings`, in declaration order: its name, the environment
-variable that sets it (EDGELLM_<NAME>, plus the upstream Ratio1 name where settings.py reads one), its
+variable that sets it (EDGELLM_<NAME>, plus the upstream Ratio1 name where settings_sources.py reads one), its
 default, what a running node does when it changes (`runtime/live_settings.py`: LIVE fields are taken at
 once, REFUSED ones need the process restarted, every other one a drained rebuild of the app and its
 engine), and one line of meaning: the field's `description`, else the comment on its line, else the
@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 from edgellm.runtime import settings as settings_module  # noqa: E402
 from edgellm.runtime.live_settings import LIVE, REFUSED  # noqa: E402
 from edgellm.runtime.settings import Settings  # noqa: E402
+from edgellm.runtime.settings_sources import UpstreamEnvSource  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
 START = "<!-- settings-table:start -->"
@@ -50,9 +51,9 @@ NONE_MEANS = {
 
 
 def _env_names() -> dict[str, list[str]]:
-    """Each field's environment variables: the EDGELLM_ one, then the upstream twin settings.py reads."""
+    """Each field's environment variables: the EDGELLM_ one, then the upstream twin settings_sources.py reads."""
     prefix = Settings.model_config.get("env_prefix", "")
-    upstream = settings_module._UpstreamEnvSource.NAMES  # INFERENCE_API_TOKEN, REQUEST_TTL_SECONDS
+    upstream = UpstreamEnvSource.NAMES  # INFERENCE_API_TOKEN, REQUEST_TTL_SECONDS
     return {
         name: [f"{prefix}{name}".upper(), *([upstream[name]] if name in upstream else [])]
         for name in Settings.model_fields

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from edgellm.api.chat_request import ChatRequest
-from edgellm.engine.guide_llguidance import cost_summary
+from edgellm.engine.guide_limits import cost_summary
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import GuideError, InvalidRequest, QueueFull
 

@@ -4,11 +4,11 @@
 Per request, the node's own code, in the node's order: the body is the bytes the HTTP transport
 would POST (runner.wire_body), refused over `max_body_bytes` (413, wire.body_too_large) and
 parsed as the route parses it (400s of wire.parse_body), then validated by
-service.parse_openai_now (the rules of Service.parse_openai: the served model name, limits from
+submission.parse_openai_now (the rules of Service.parse_openai: the served model name, limits from
 the same settings, the guide compiles, logit_bias ids in the vocabulary). What passes becomes the
-EngineRequest Service._dispatch would send (service.engine_request). All of them go to one
+EngineRequest Service._dispatch would send (submission.engine_request). All of them go to one
 OfflineEngine (edgellm/offline.py: the node's Scheduler and OutputProcessor), which batches them
-continuously; each final output is mapped as the node maps it (service.outcome_of, then
+continuously; each final output is mapped as the node maps it (results.outcome_of, then
 Outcome.result_or_raise: timeouts 504, guide dead ends 422, engine failures 500) and answered with
 the route's bodies (openai_compat.completion_body / error_body), rendered by the route's
 SafeJSONResponse (wire.render) and read back like an HTTP answer (runner.answer_outcome).
@@ -49,26 +49,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edgellm.api.dialects.completions import (
-    MAX_PROMPTS,
-    CompletionOptions,
-    completion_response,
-    parse_completion_request,
-    prompt_text,
-)
+from edgellm.api.chat_request import ChatRequest
+from edgellm.api.dialects.completions import MAX_PROMPTS, CompletionOptions, parse_completion_request, prompt_text
+from edgellm.api.dialects.completions_bodies import completion_response
 from edgellm.api.dialects.embeddings import EmbeddingsCall, embeddings_body, parse_embeddings
 from edgellm.api.dialects.openai_chat import OpenAIOptions, completion_body, error_body
 from edgellm.api.guide_pool import request_checks, shared_pool
-from edgellm.api.service import (
-    ServiceConfig,
-    check_vocabulary,
-    engine_request,
-    load_media,
-    outcome_of,
-    parse_openai_now,
-)
+from edgellm.api.results import outcome_of
+from edgellm.api.submission import ServiceConfig, check_vocabulary, engine_request, load_media, parse_openai_now
 from edgellm.api.text_state import RequestOutput
-from edgellm.api.validation import ChatRequest
 from edgellm.batch.http_client import answer_outcome, wire_body
 from edgellm.batch.inputs import COMPLETIONS_URL, EMBEDDINGS_URL, url_of
 from edgellm.batch.transport import Deliver

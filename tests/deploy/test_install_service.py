@@ -351,7 +351,7 @@ def test_real_install_builds_the_venv_with_python_3_10_next_to_an_old_python3(tm
         [
             venv / "bin/python",
             "-c",
-            "import edgellm.runtime.server.app, llama_cpp; from edgellm.runtime.settings import "
+            "import edgellm.runtime.server.app, llama_cpp; from edgellm.runtime.model_sizing import "
             "bundled_model_path as b; print(b())",
         ],
         capture_output=True,

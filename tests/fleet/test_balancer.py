@@ -23,7 +23,8 @@ import pytest
 from edgellm.api.registry import RequestStatus
 from edgellm.errors import UnknownRequest
 from edgellm.fleet import protocol as p
-from edgellm.fleet.balancer import BadSignature, Balancer
+from edgellm.fleet.balancer import Balancer
+from edgellm.fleet.store_link import BadSignature
 from tests.api.test_service import chat, engine_stats, make_service
 
 pytestmark = pytest.mark.anyio
@@ -282,7 +283,7 @@ async def test_a_replayed_envelope_never_runs_twice(tmp_path):
     a, a_engine, a_bal, b, b_engine, b_bal, _ = await one_delegated(tmp_path, store)
     envelope = dict(store.hgetall(a_bal.request_hkey))
     await tick(b_bal)
-    b_bal._seen.clear()  # as after B restarts: only its registry remembers
+    b_bal.executor._seen.clear()  # as after B restarts: only its registry remembers
     store.data[a_bal.request_hkey] = envelope
     await tick(b_bal)
     assert len(b_engine.submitted) == 1 and b_bal.counts["replays_ignored"] == 1

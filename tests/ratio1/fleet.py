@@ -1,4 +1,4 @@
-"""A fleet of real offline Ratio1 nodes for the tests: edgellm.ratio1.launcher.fleet (one broker, keys made
+"""A fleet of real offline Ratio1 nodes for the tests: edgellm.ratio1.node_fleet.fleet (one broker, keys made
 first, each node whitelisting the others, ChainStore running) with the tests' own kind of node:
 WatchedRatio1Node (a killed test run leaves none behind) and the test-only plugins linked in
 (node_plugins), both from tests/ratio1/test_node_integration.py.
@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from edgellm.ratio1 import launcher
-from edgellm.ratio1.launcher import NodeOptions, Ratio1Node, free_port
+from edgellm.ratio1 import node_fleet
+from edgellm.ratio1.launcher import NodeOptions, Ratio1Node
+from edgellm.ratio1.ports import free_port
 from tests.ratio1.test_node_integration import WatchedRatio1Node, node_plugins, node_python
 
 # Request balancing (test_node_balancing.py): each engine has 1 slot and 1 thread, so two fit on 2 cores, and
@@ -81,7 +82,7 @@ def fleet(
                 ready_timeout_s=ready_timeout_s,
             )
         )
-    with launcher.fleet(options, node_class=WatchedRatio1Node) as nodes:
+    with node_fleet.fleet(options, node_class=WatchedRatio1Node) as nodes:
         yield nodes
 
 
@@ -113,7 +114,7 @@ class SharedFleet:
         return a, b
 
     def stop(self, *, background: bool = True) -> None:
-        """Both nodes stop (together, the broker last: launcher.fleet), on a thread unless `background` is
+        """Both nodes stop (together, the broker last: node_fleet.fleet), on a thread unless `background` is
         False; once it is done, each node has exited and node 0's broker with them."""
         if self._stack is None:
             return

@@ -39,7 +39,8 @@ import httpx
 import jsonschema
 import pytest
 
-from edgellm.ratio1.launcher import NodeOptions, Ratio1Node, free_port
+from edgellm.ratio1.launcher import NodeOptions, Ratio1Node
+from edgellm.ratio1.ports import free_port
 from tests.nodeproc import wait_until
 from tests.process_hygiene import watch
 
@@ -99,7 +100,7 @@ def hf_cache_with_the_bundled_model(root: Path) -> Path:
     HF_REPO/HF_FILE: refs/main -> a commit, snapshots/<commit>/FILE -> ../../blobs/<sha256>."""
     import hashlib
 
-    from edgellm.runtime.settings import bundled_model_path
+    from edgellm.runtime.model_sizing import bundled_model_path
 
     model = Path(bundled_model_path())
     digest = hashlib.sha256(model.read_bytes()).hexdigest()

@@ -25,7 +25,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from edgellm.ratio1.launcher import free_port
+from edgellm.ratio1.ports import free_port
 from tests.process_hygiene import reap_group, spawn
 from tools.build_mmproj import build_vision_mmproj
 

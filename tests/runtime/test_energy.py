@@ -1,4 +1,4 @@
-"""Energy per answer (runtime/board/energy.py, engine/scheduler.energy_shares) and the throttling flag
+"""Energy per answer (runtime/board/energy.py, engine/step_energy.energy_shares) and the throttling flag
 (runtime/board.read_throttling), on copies of the fixture board trees whose power values change while
 the meter runs; the last tests run the real engine and a real node on the bundled model."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,9 @@ import pytest
 from edgellm.api.metrics import ServiceMetrics
 from edgellm.engine.step_plan import StepPlan
 from edgellm.runtime.board.energy import EnergyMeter, power_sources
-from edgellm.runtime.board.telemetry import BoardTelemetry, read_throttling
+from edgellm.runtime.board.telemetry import BoardTelemetry
+from edgellm.runtime.board.throttling import read_throttling
+from tests.nodeproc import wait_until
 from tests.runtime.test_board import board_copy
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "board"
@@ -136,22 +137,26 @@ def test_an_unreadable_sample_is_skipped_not_zeroed(tmp_path: Path) -> None:
 
 
 def test_the_meter_thread_integrates_power_that_changes_while_it_runs(tmp_path: Path) -> None:
-    """5 W for ~1 s, then 10 W for ~0.5 s, written while the thread samples at 50 Hz: the counter is the
-    trapezoid of the samples it took, each sample reads a value that was written, and the 5 W stretch
-    gives 5 J per second of sample time (tolerances from the sample times, no assumption on speed)."""
+    """5 W for 10 samples or more, then 10 W for 5 samples or more, written while the thread samples at
+    50 Hz: the counter is the trapezoid of the samples it took, each sample reads a value that was
+    written, and the 5 W stretch gives 5 J per second of sample time (tolerances from the sample
+    times, no assumption on speed)."""
     root = board_copy(tmp_path, "orin")
     set_vdd_in(root, 5.0)
     meter = EnergyMeter(root, interval_s=0.02, history=10_000).start()
     try:
-        time.sleep(1.0)
+        wait_until(lambda: meter.samples >= 10, 30, "10 samples at 5 W")
         set_vdd_in(root, 10.0)
-        time.sleep(0.5)
+        wait_until(lambda: meter.watts() == 10.0, 30, "a sample at 10 W")
+        at_ten = meter.samples
+        wait_until(lambda: meter.samples >= at_ten + 4, 30, "5 samples at 10 W")
     finally:
         meter.stop()
     samples = list(meter.history)
-    assert len(samples) == meter.samples >= 3  # every sample kept
+    assert len(samples) == meter.samples >= 15  # every sample kept
     watts = {round(w, 6) for _t, w in samples}
-    assert watts <= {5.0, 10.0} and 5.0 in watts
+    assert watts == {5.0, 10.0}
+    assert [w for _t, w in samples] == sorted(w for _t, w in samples)  # 5 W until the change, 10 W after
     assert meter.joules() >= trapezoid(samples) - 1e-9
     assert meter._joules == pytest.approx(trapezoid(samples), rel=1e-12)
     five = [(t, w) for t, w in samples if w == pytest.approx(5.0)]
@@ -176,7 +181,7 @@ def test_a_steps_energy_is_shared_by_the_tokens_each_sequence_fed() -> None:
 
 
 def energy_shares_of(spent: float, plan: StepPlan) -> dict[int, float]:
-    from edgellm.engine.scheduler import energy_shares  # the engine module (llama.cpp bindings) only here
+    from edgellm.engine.step_energy import energy_shares  # the engine module (llama.cpp bindings) only here
 
     return energy_shares(spent, plan)
 

@@ -21,9 +21,9 @@ from edgellm.runtime.board.memory_pressure import (
     PressureState,
     Thresholds,
     judge,
-    read_memory,
     trim_heap,
 )
+from edgellm.runtime.board.memory_readings import read_memory
 from edgellm.runtime.board.process_memory import rss_mib
 from edgellm.runtime.settings import SettingsError, load_settings
 from edgellm.runtime.supervision import ipc

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.engine.memory_plan import MIB
+from edgellm.engine.memory_costs import MIB
 from edgellm.runtime.board.presets import SOURCE_DIR, available, load_preset
-from edgellm.runtime.settings import SettingsError, bundled_model_path, load_settings
+from edgellm.runtime.model_sizing import bundled_model_path
+from edgellm.runtime.settings import SettingsError, load_settings
 from tests.nodeproc import NodeProcess
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgellm.runtime.settings import SettingsError, bundled_model_path, load_settings
+from edgellm.runtime.model_sizing import bundled_model_path
+from edgellm.runtime.settings import SettingsError, load_settings
 
 
 def test_defaults(monkeypatch):

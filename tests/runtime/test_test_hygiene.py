@@ -103,7 +103,9 @@ def test_processes_a_library_started_are_adopted_by_the_sentinel():
         from tests.process_hygiene import descendants, watch_descendants
         plain = subprocess.Popen(["sleep", "600"])
         group = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while not descendants(group.pid) and time.monotonic() < deadline:  # sh has started its sleep
+            time.sleep(0.05)
         watch_descendants()
         print(plain.pid, group.pid, *descendants(group.pid), flush=True)
         time.sleep(600)
@@ -128,6 +130,8 @@ def test_a_child_started_off_the_main_thread_outlives_that_thread():
     t.start()
     t.join()
     try:
+        # Not a synchronisation: a PDEATHSIG kill would come as the thread exits, an event that must not
+        # happen; the half second is how long the test watches for it (nothing to wait for otherwise).
         time.sleep(0.5)
         assert alive(box[0].pid)
     finally:

@@ -15,7 +15,7 @@ line, so the gap's energy is estimated rather than lost or zeroed.
 No power monitor (every non-Jetson machine): `available` is False, no thread runs, and callers leave every
 energy field out; a board without a monitor is never reported as drawing 0 W.
 
-Framework-agnostic: the engine worker (per-request attribution, engine/scheduler.py) and the API process
+Framework-agnostic: the engine worker (per-request attribution, engine/step_energy.py) and the API process
 (the board's total for /metrics) each run one; nothing here knows FastAPI or llama.cpp.
 """
 

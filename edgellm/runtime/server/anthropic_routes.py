@@ -1,5 +1,6 @@
 """POST /v1/messages (with SSE streaming) and POST /v1/messages/count_tokens: the Anthropic Messages API
-over the same Service and request path as /v1/chat/completions (api/dialects/anthropic_messages.py translates)."""
+over the same Service and request path as /v1/chat/completions (api/dialects/anthropic_messages.py translates the
+request, anthropic_answer.py the answer)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from edgellm.api.dialects import anthropic_answer as aa
 from edgellm.api.dialects import anthropic_messages as ac
 from edgellm.api.request_ids import public_id
 from edgellm.api.results import Outcome, finish_reason, outcome_of, status_of
@@ -24,7 +26,7 @@ API_KEY_HEADER = "x-api-key"  # the Anthropic clients' header; Authorization: Be
 
 def error_response(exc: EdgeLLMError) -> Response:
     """An error in Anthropic's shape (also used for the refusals made before a route runs, app.py)."""
-    return JSONResponse(ac.error_body(exc), status_code=exc.http_status, headers=exc.headers)
+    return JSONResponse(aa.error_body(exc), status_code=exc.http_status, headers=exc.headers)
 
 
 def _schema(count: bool) -> dict:
@@ -70,7 +72,7 @@ def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
 
             def answer(key: str, final: RequestOutput) -> dict:
                 result = outcome_of(final, model, public_id(key)).result_or_raise(public_id(key))
-                return ac.message_body(
+                return aa.message_body(
                     public_id(key),
                     model,
                     result["FULL_OUTPUT"][0],
@@ -110,15 +112,15 @@ async def _events(
     model: str,
 ) -> AsyncIterator[str]:
     """The Anthropic SSE events of one streamed request; a client that goes away aborts it."""
-    events = ac.StreamEvents(public_id(key), model, opts.stop_sequences)
+    events = aa.StreamEvents(public_id(key), model, opts.stop_sequences)
     done = False
     try:
         for name, data in events.start(first.prompt_tokens):
-            yield ac.sse(name, data)
+            yield aa.sse(name, data)
         out = first
         while True:
             for name, data in events.deltas(out.events):
-                yield ac.sse(name, data)
+                yield aa.sse(name, data)
             if out.finished:
                 break
             out = await anext(outputs)
@@ -126,12 +128,12 @@ async def _events(
         if status.value == "completed":
             by_string = out.stop_cause is StopCause.STOP_STRING
             for name, data in events.finish(finish_reason(out), by_string, out.completion_tokens, out.prompt_tokens):
-                yield ac.sse(name, data)
+                yield aa.sse(name, data)
         else:
             try:
                 Outcome(out.request_id, status, None, error, error_type).result_or_raise(public_id(key))
             except EdgeLLMError as exc:
-                yield ac.sse("error", ac.error_body(exc))
+                yield aa.sse("error", aa.error_body(exc))
         done = True
         await outputs.aclose()  # past the final output: the stream lets go of the request
     finally:

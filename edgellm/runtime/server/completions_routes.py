@@ -2,7 +2,8 @@
 
 Each prompt of a body is a request of its own (registered, counted against max_queued, cancelled
 when the caller goes away), submitted in order and gathered: choice index = prompt * n + sample.
-The translation is api/dialects/completions.py; the waiting and the refusals are the chat route's.
+The translation is api/dialects/completions.py (the bodies completions_bodies.py); the waiting and the
+refusals are the chat route's.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from edgellm.api.dialects.completions import (
     COMPLETION_BODY_SCHEMA,
     MAX_PROMPTS,
     CompletionOptions,
+    parse_completion_request,
+    prompt_text,
+)
+from edgellm.api.dialects.completions_bodies import (
     completion_chunk,
     completion_response,
     legacy_logprobs,
-    parse_completion_request,
-    prompt_text,
     summed_usage,
     usage_chunk,
 )

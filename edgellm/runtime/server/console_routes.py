@@ -15,11 +15,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgellm import jsonsafe
+from edgellm.api.chat_request import ChatRequest
 from edgellm.api.dialects.openai_chat import error_body, parse_openai_request
 from edgellm.api.guide_pool import shared_pool
 from edgellm.api.registry import RequestStatus
 from edgellm.api.service import Service
-from edgellm.api.validation import ChatRequest
 from edgellm.engine.types import GuideKind, GuideSpec
 from edgellm.errors import EdgeLLMError, GuideError, InvalidRequest
 from edgellm.media.loading import check_content

@@ -13,6 +13,9 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 
 from edgellm.api.dialects import responses as rc
+from edgellm.api.dialects import responses_object as ro
+from edgellm.api.dialects import responses_store as rst
+from edgellm.api.dialects import responses_stream as rs
 from edgellm.api.dialects.openai_chat import error_body
 from edgellm.api.request_ids import public_id
 from edgellm.api.results import outcome_of
@@ -31,7 +34,7 @@ BODY_DOC = {
 # so the document states its form here.
 ID_DOC = {
     "parameters": [
-        {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": rc.ID_PATTERN}}
+        {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": rst.ID_PATTERN}}
     ]
 }
 
@@ -45,12 +48,12 @@ def _sse(event: dict) -> str:
 
 
 def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) -> None:
-    async def stored(response_id: str, owner: str | None, param: str | None = None) -> rc.StoredResponse:
+    async def stored(response_id: str, owner: str | None, param: str | None = None) -> rst.StoredResponse:
         """The stored response `owner` may read, or a 404 (unknown, expired, deleted, store=false, another token's)."""
-        rec = await service.stored_record(rc.request_id_of(response_id, param), owner)
-        found = rc.stored_response(rec) if rec is not None else None
+        rec = await service.stored_record(rst.request_id_of(response_id, param), owner)
+        found = rst.stored_response(rec) if rec is not None else None
         if found is None:
-            raise rc.not_found(response_id, param)
+            raise rst.not_found(response_id, param)
         return found
 
     @app.post("/v1/responses", openapi_extra=BODY_DOC)
@@ -61,23 +64,23 @@ def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
             req = rc.parse_responses_request(body, service.config.model_ids(), max_messages=service.config.max_messages)
             earlier = None
             if req.previous_response_id is not None:
-                prev = await stored(rc.response_id(req.previous_response_id), owner, "previous_response_id")
-                earlier = rc.history(prev)
+                prev = await stored(rst.response_id(req.previous_response_id), owner, "previous_response_id")
+                earlier = rst.history(prev)
             chat_body, sources = rc.chat_body(req, earlier)
             try:
                 chat, _ = await service.parse_openai(chat_body, request.is_disconnected, owner=owner)
             except EdgeLLMError as exc:
                 raise rc.translate_error(exc, sources) from None
             # What the response object echoes rides in the record's metadata (the chat route keeps none).
-            chat = chat.model_copy(update={"metadata": {rc.META_KEY: req.meta}})
+            chat = chat.model_copy(update={"metadata": {rst.META_KEY: req.meta}})
             params = chat.params_dict()
 
             def answer(key: str, result: dict) -> dict:
-                rid = rc.response_id(public_id(key))
-                return rc.response_body(rc.StoredResponse(key, rid, "completed", req.meta, params, result, None, None))
+                rid = rst.response_id(public_id(key))
+                return ro.response_body(rst.StoredResponse(key, rid, "completed", req.meta, params, result, None, None))
 
             def events(key: str, first: RequestOutput, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
-                return _events(service, key, rc.response_id(public_id(key)), req.meta, params, first, outputs)
+                return _events(service, key, rst.response_id(public_id(key)), req.meta, params, first, outputs)
 
             return await serve_generation(
                 service, request, chat, owner, stream=req.stream, answer=answer, events=events
@@ -89,7 +92,7 @@ def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
     async def get_response(request: Request):
         try:
             owner = authenticate(service, request)
-            return rc.response_body(await stored(request.path_params["response_id"], owner))
+            return ro.response_body(await stored(request.path_params["response_id"], owner))
         except EdgeLLMError as exc:
             return _error(exc)
 
@@ -100,8 +103,8 @@ def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
             owner = authenticate(service, request)
             found = await stored(response_id, owner)
             if not await service.delete_record(found.key):
-                raise rc.not_found(response_id)
-            return rc.deleted_body(found.response_id)
+                raise rst.not_found(response_id)
+            return ro.deleted_body(found.response_id)
         except EdgeLLMError as exc:
             return _error(exc)
 
@@ -116,10 +119,10 @@ async def _events(
     outputs: AsyncIterator[RequestOutput],
 ) -> AsyncIterator[str]:
     """The typed SSE events of one response; a client that goes away mid-stream frees its slot."""
-    stream = rc.EventStream(rid.removeprefix(rc.ID_PREFIX))
+    stream = rs.EventStream(rid.removeprefix(rst.ID_PREFIX))
     done = False
     try:
-        for event in stream.start(rc.in_progress(meta, params, rid)):
+        for event in stream.start(ro.in_progress(meta, params, rid)):
             yield _sse(event)
         out = first
         while True:
@@ -132,8 +135,8 @@ async def _events(
         outcome = outcome_of(out, params.get("model") or service.model_name, public_id(key))
         status = outcome.status.value
         error_type = None if outcome.error_type is None else str(outcome.error_type)
-        final = rc.StoredResponse(key, rid, status, meta, params, outcome.result, outcome.error, error_type)
-        for event in stream.finish(rc.response_body(final)):
+        final = rst.StoredResponse(key, rid, status, meta, params, outcome.result, outcome.error, error_type)
+        for event in stream.finish(ro.response_body(final)):
             yield _sse(event)
         done = True
     finally:

@@ -28,6 +28,10 @@ registry (a restart re-dispatches them, model included); none is refused for it.
 
 Requests are built when they are sent (`dispatch(model, request_id, build)`): the chat format their
 prompt is rendered with is the model's own, known once it has loaded.
+
+It stays one module: the switch, residency and idle rules above are one scheduler over one lock and the
+same per-model state (its worker, its waiting work, when it last worked); split, each rule would read
+and move state whose invariants live in another module.
 """
 
 from __future__ import annotations

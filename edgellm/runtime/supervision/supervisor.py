@@ -10,6 +10,12 @@ restart fails (the model file was replaced or removed after boot), the state is 
 `on_failed` says why, as a failed start does: the node then exits instead of answering 503 forever.
 Outputs are delivered through `on_output` from a reader thread, one call per engine message.
 A worker's end is always told in words (runtime/supervision/native_crash.py): signal or exit code, and phase.
+
+One attempt's process (spawn, Ready, reap, its end in words) is runtime/supervision/worker_process.py; what
+is re-sent or given up when a worker becomes READY is runtime/supervision/redelivery.py. WorkerEngine stays
+whole: it is one state machine (STOPPED, STARTING, READY, RESTARTING, FAILED, UNLOADED) over one lock, and
+its start, restart, watchdog and request paths all read and move that state; split, its invariants would be
+scattered across modules.
 """
 
 from __future__ import annotations
@@ -18,64 +24,37 @@ import faulthandler
 import itertools
 import logging
 import multiprocessing as mp
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing import connection as mp_connection
 from typing import Any
 
-from edgellm.api.request_state import Delivery, RequestTable
+from edgellm.api.request_state import RequestTable
 from edgellm.engine.info import EngineInfo, EngineStats
 from edgellm.engine.interface import Build, EngineHealth, EngineState
 from edgellm.engine.types import EngineOutput, EngineRequest
 from edgellm.errors import EngineUnavailable, ErrorType
-from edgellm.runtime.supervision import ipc, prestart
+from edgellm.runtime.supervision import ipc
 from edgellm.runtime.supervision.ipc import WorkerConfig
-from edgellm.runtime.supervision.native_crash import CRASH_ADVICE, NATIVE_FAULT_SIGNALS, describe_exit
+from edgellm.runtime.supervision.native_crash import CRASH_ADVICE, describe_exit
+from edgellm.runtime.supervision.redelivery import lost_outputs, plan_resend
+from edgellm.runtime.supervision.worker_process import (
+    NATIVE_CRASH_SIGNALS,
+    StartFailed,
+    during,
+    has_exited,
+    launch,
+    make_worker,
+    reap,
+    wait_ready,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 2  # the first run plus one retry after a worker crash
-# A worker killed by one of these died in native code (llama.cpp, or a build bad for this CPU): the
-# message then says what to do. SIGKILL is not one (the OOM killer, or the hang watchdog).
-_NATIVE_CRASH_SIGNALS = NATIVE_FAULT_SIGNALS
 # What an attempt may take beyond its ready timeout and the backoff after it, in what on_start_attempt is
 # told: the reaping of a worker that is killed or ends (up to 2 x 5 s), with room to spare.
 _ATTEMPT_MARGIN_S = 30.0
-
-
-def _worker_main(config: WorkerConfig, conn, api_pid: int) -> None:
-    """The spawned process's entry point. llama.cpp is imported here, in the worker, never in the API
-    process (which would pay its memory for nothing and could crash with it)."""
-    threading.Thread(target=prestart.exit_with_parent, args=(api_pid,), name="parent-watch", daemon=True).start()
-    from edgellm.runtime.supervision.worker import run_worker
-
-    run_worker(config, conn)
-
-
-def _has_exited(proc: mp.process.BaseProcess) -> bool:
-    """Whether the worker has ended, without reaping it. Process.is_alive() reaps (waitpid): called from
-    an HTTP thread (/health) it raced the reader thread's _reap, whose waitpid then failed and read the
-    crash as "still running" (seen in CI). Only the thread that handles a worker's end reaps it."""
-    try:
-        return bool(mp_connection.wait([proc.sentinel], timeout=0))
-    except ValueError:  # closed by _handle_crash between the read and the call: it is dead
-        return True
-
-
-class _StartFailed(Exception):
-    """A worker did not become READY; `reason` says how it ended and in which phase."""
-
-    def __init__(self, reason: str, *, native: bool = False):
-        super().__init__(reason)
-        self.reason = reason
-        self.native = native  # killed by a signal: llama.cpp's own code (or the build) is the suspect
-
-
-def _during(phase: str | None) -> str:
-    return "while serving" if phase == "serving" else f"during {phase or 'start-up'}"
 
 
 class WorkerEngine:
@@ -203,7 +182,7 @@ class WorkerEngine:
             try:
                 self._spawn()  # also sends what was submitted before READY (requests recovered from the registry)
                 break
-            except _StartFailed as exc:
+            except StartFailed as exc:
                 if self._stopping.is_set():
                     raise EngineUnavailable("the engine was stopped while starting") from None
                 self.last_error = f"{exc.reason} (attempt {attempt} of {self.start_attempts})"
@@ -218,6 +197,9 @@ class WorkerEngine:
             except Exception as exc:  # a bug, not a worker's death: no retry, but never "starting" forever
                 self.state, self.last_error = EngineState.FAILED, f"{type(exc).__name__}: {exc}"
                 raise
+
+    def _on_phase(self, phase: str) -> None:
+        self.phase = phase
 
     def _tell_attempt(self, verb: str, backoff_s: float) -> None:
         """on_start_attempt for the attempt in self.attempt: 'starting the engine (attempt 2 of 3): <why
@@ -234,38 +216,25 @@ class WorkerEngine:
 
     def _spawn(self) -> None:
         """Start a worker, wait until it is warm, then hand it the work in flight (one ordered message).
-        Raises _StartFailed, the worker reaped, when it does not become READY."""
-        # The first start of `edgellm serve` takes the worker it spawned before its own imports
-        # (runtime/supervision/prestart.py): started, its imports done or under way, waiting for this config.
-        prestarted = prestart.take()
-        if prestarted is not None:
-            proc, parent_conn = prestarted
-            child_conn = None
-        else:
-            parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-            proc = self._ctx.Process(
-                target=_worker_main, args=(self.config, child_conn, os.getpid()), name="edgellm-engine", daemon=True
-            )
+        Raises StartFailed, the worker reaped, when it does not become READY."""
+        # serve's first start takes the worker prestart.py spawned before the API's imports; others spawn anew.
+        proc, parent_conn, child_conn = make_worker(self._ctx, self.config)
         self.phase = "start-up"
         with self._lock:
             self._starting = proc
         try:
-            if prestarted is not None:
-                try:
-                    parent_conn.send(self.config)
-                except (OSError, ValueError):  # it died since take(): how, in the usual words; another attempt
-                    raise self._ended(proc) from None
-            else:
-                try:
-                    proc.start()
-                except OSError as exc:  # no memory or pids left for another process: worth another attempt
-                    raise _StartFailed(f"engine worker could not be spawned: {exc}") from None
-                finally:
-                    child_conn.close()
-            msg = self._wait_ready(proc, parent_conn)
+            launch(proc, parent_conn, child_conn, self.config, self.phase)
+            msg = wait_ready(
+                proc,
+                parent_conn,
+                timeout_s=self.ready_timeout_s,
+                stopping=self._stopping,
+                phase=self.phase,
+                on_phase=self._on_phase,
+            )
             with self._lock:
                 if self._stopping.is_set():  # close() ran while READY was on its way
-                    raise _StartFailed("the node is stopping")
+                    raise StartFailed("the node is stopping")
                 self._starting = None
                 self._proc, self._conn = proc, parent_conn
                 self.info = msg.info
@@ -274,17 +243,17 @@ class WorkerEngine:
                 self._generation += 1
                 self.last_error = None
                 generation = self._generation
-                resend, retried, lost = self._plan_resend()
+                resend, retried, lost = plan_resend(self.requests, self.name)
                 # Sent before READY flips, in their original order: work that was in flight (or arrived
                 # during the restart) is admitted before any request that comes after.
                 if resend and not self._send(ipc.Submit(tuple(e.request for e in resend))):
                     for entry in resend:
                         entry.sent = False
                 self.state = EngineState.READY
-        except _StartFailed:
+        except StartFailed:
             with self._lock:
                 self._starting = None
-            self._reap(proc)
+            reap(proc)
             parent_conn.close()
             raise
         threading.Thread(target=self._reader, args=(parent_conn, generation), name="engine-reader", daemon=True).start()
@@ -293,84 +262,7 @@ class WorkerEngine:
                 "re-sending request %s to the restarted engine (attempt %d)", entry.request.request_id, entry.attempts
             )
         if lost:
-            self.on_output(
-                [
-                    EngineOutput.failure(
-                        entry.request.request_id,
-                        "the engine worker crashed while streaming this request"
-                        if entry.streamed
-                        else "the engine worker crashed twice while running this request",
-                        ErrorType.ENGINE_ERROR,
-                    )
-                    for entry in lost
-                ]
-            )
-
-    def _plan_resend(self) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
-        """(to send, of which retries, given up) for the work in flight when a worker becomes ready.
-
-        A request never delivered to a worker is a first run; one that was in a worker that died is
-        retried once, unless its deltas already reached the client.
-        """
-        resend: list[Delivery] = []
-        retried: list[Delivery] = []
-        lost: list[Delivery] = []
-        for entry in self.requests.deliveries(self.name):  # in submission order
-            if not entry.sent:
-                entry.sent = True
-                resend.append(entry)
-            elif entry.attempts >= MAX_ATTEMPTS or entry.streamed:
-                self.requests.delivered(entry.request.request_id)
-                lost.append(entry)
-            else:
-                self.requests.retried(entry)  # one attempt more, here and in the registry
-                resend.append(entry)
-                retried.append(entry)
-        return resend, retried, lost
-
-    def _wait_ready(self, proc: mp.process.BaseProcess, conn) -> ipc.Ready:
-        """The worker's Ready message; Phase messages update `phase` on the way."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            if self._stopping.is_set():
-                raise _StartFailed("the node is stopping")
-            if conn.poll(0.2):
-                try:
-                    msg: ipc.FromWorker = conn.recv()
-                except (EOFError, OSError):
-                    raise self._ended(proc) from None
-                if isinstance(msg, ipc.Ready):
-                    return msg
-                if isinstance(msg, ipc.Phase):
-                    self.phase = msg.name
-                    log.info("engine worker %s: %s", proc.pid, self.phase)
-                elif isinstance(msg, ipc.Fatal):
-                    raise _StartFailed(f"engine worker failed during {self.phase}: {msg.reason}")
-            elif not proc.is_alive():
-                raise self._ended(proc)
-            elif time.monotonic() > deadline:
-                proc.kill()
-                raise _StartFailed(
-                    f"engine worker not ready after {self.ready_timeout_s:.0f} s (stuck in {self.phase}); killed"
-                )
-
-    def _ended(self, proc: mp.process.BaseProcess) -> _StartFailed:
-        """Why a starting worker's pipe closed: its exit status, read once the OS has reaped it (EOF comes
-        first; exitcode is None until the join)."""
-        code = self._reap(proc)
-        native = code is not None and -code in _NATIVE_CRASH_SIGNALS
-        return _StartFailed(f"engine worker {describe_exit(code)} {_during(self.phase)}", native=native)
-
-    @staticmethod
-    def _reap(proc: mp.process.BaseProcess) -> int | None:
-        """Join the worker (bounded), killing it when it does not end by itself; its exit code."""
-        if proc.pid is None:  # never started
-            return None
-        proc.join(5)
-        if proc.exitcode is None:  # closed its pipe but lives on (or hangs): of no use, and must not linger
-            proc.kill()
-            proc.join(5)
-        return proc.exitcode
+            self.on_output(lost_outputs(lost))
 
     def close(self, timeout_s: float = 10.0) -> None:
         with self._lock:
@@ -519,8 +411,8 @@ class WorkerEngine:
         cannot come back (its model file was replaced or removed) must not answer 503 forever while
         its process looks healthy."""
         proc, conn = self._proc, self._conn
-        code = self._reap(proc) if proc is not None else None
-        crash = f"engine worker {describe_exit(code)} {_during(self.phase)}"
+        code = reap(proc) if proc is not None else None
+        crash = f"engine worker {describe_exit(code)} {during(self.phase)}"
         with self._lock:
             self.state = EngineState.RESTARTING
             self.last_error = crash  # the state says it is restarting
@@ -539,13 +431,13 @@ class WorkerEngine:
             try:
                 self._spawn()
                 return
-            except _StartFailed as exc:
+            except StartFailed as exc:
                 if self._stopping.is_set():
                     return
                 self.last_error = f"{exc.reason} (restart attempt {attempt} of {self.start_attempts})"
                 self._fail_inflight(f"engine worker could not be restarted: {exc.reason}")
                 if attempt == self.start_attempts:
-                    native = exc.native or (code is not None and -code in _NATIVE_CRASH_SIGNALS)
+                    native = exc.native or (code is not None and -code in NATIVE_CRASH_SIGNALS)
                     advice = f"; {CRASH_ADVICE}" if native else ""
                     self._give_up(f"engine failed to restart after a crash ({crash}): {self.last_error}{advice}")
                     return
@@ -578,7 +470,7 @@ class WorkerEngine:
 
     def health(self) -> EngineHealth:
         proc = self._proc or self._starting
-        alive = proc is not None and proc.pid is not None and not _has_exited(proc)
+        alive = proc is not None and proc.pid is not None and not has_exited(proc)
         starting = self.state in (EngineState.STARTING, EngineState.RESTARTING, EngineState.FAILED)
         return EngineHealth(
             state=self.state,

@@ -7,7 +7,7 @@ envelope with the node's key (`bc.sign`, the fields upstream ignores: EE_SIGN, E
 and checks on receipt that it verifies and that its signer is the node the envelope names.
 """
 
-from edgellm.fleet.balancer import BadSignature
+from edgellm.fleet.store_link import BadSignature
 
 _CHAIN_STORE_READY = "__chain_storage_set"  # set in the plugins' shared memory by CHAIN_STORE_BASE
 

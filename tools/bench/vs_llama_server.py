@@ -21,7 +21,7 @@ and samples the RSS of the server's process tree. Then, with both servers stoppe
 `llama-batched-bench -npp 128 -ntg 128 -npl 8` gives the text-generation limit of 8 sequences on
 this machine (S_TG), the ceiling for plain c8.
 
-    .venv/bin/python tools/bench_vs_llama_server.py [--requests 32] [--turns 3] [--quick] [--out results.json]
+    .venv/bin/python tools/bench/vs_llama_server.py [--requests 32] [--turns 3] [--quick] [--out results.json]
         [--edgellm-env EDGELLM_SPECULATIVE_DECODING=false] [--llama-server PATH] [--llama-server-arg ARG]
 
 Run it on a quiet machine (on a shared one: flock /tmp/edgellm-cpu.lock ...).
@@ -30,37 +30,40 @@ Run it on a quiet machine (on a shared one: flock /tmp/edgellm-cpu.lock ...).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
 from edgellm.runtime.supervision.child_process import die_with_parent  # noqa: E402
-from tools.bench import PROMPTS  # noqa: E402  (the same chat prompts as the node benchmark)
+from tools.bench.prompts import PROMPTS  # noqa: E402  (the same chat prompts as the node benchmark)
+from tools.bench.results import Table, bracket_ratios, times, turns, write_results  # noqa: E402
+from tools.bench.servers import (  # noqa: E402
+    ABORT,
+    EdgellmNode,
+    LlamaServer,
+    Server,
+    llama_binaries,
+    model_and_env,
+    rss_mb,
+    run_main,
+    stop_all,
+)
 
 THREADS = 2
 SLOTS = 8
 N_CTX = 8192
 MAX_TOKENS = 128
 TEMPERATURE = 0.7
-READY_TIMEOUT_S = 300.0
-BUILD_SCRIPT = REPO / "tools" / "llama_server_build.sh"
 
 SCHEMA = {
     "type": "object",
@@ -97,230 +100,6 @@ except ImportError:  # pragma: no cover - jsonschema is in the dev extras
             if spec["type"] == "string" and len(value) > spec["maxLength"]:
                 return False
         return True
-
-
-# -- processes ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tree_pids(root: int) -> list[int]:
-    """`root` and its live descendants (psutil when installed, else /proc's parent pids)."""
-    try:
-        import psutil
-
-        try:
-            p = psutil.Process(root)
-            return [root, *(c.pid for c in p.children(recursive=True))]
-        except psutil.Error:
-            return []
-    except ImportError:
-        pass
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] not in ("Z", "X"):
-            children.setdefault(int(fields[1]), []).append(int(name))
-    if not os.path.exists(f"/proc/{root}"):
-        return []
-    found, todo = [root], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def rss_mb(pids: list[int]) -> float:
-    total_kb = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total_kb += int(line.split()[1])
-                    break
-        except (OSError, ValueError):
-            pass
-    return total_kb / 1024
-
-
-class Server:
-    """One server process, leading its own process group (its children are in it)."""
-
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, log_path: Path):
-        self.name, self.cmd, self.env, self.port, self.log_path = name, cmd, env, port, log_path
-        self.base = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-        self.ready_s: float | None = None
-        self.model_id: str | None = None
-        self.paused = False
-        self.health: list[dict] = []
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            t0 = time.monotonic()
-            self.proc = subprocess.Popen(
-                self.cmd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )
-        _LIVE.append(self)
-        self.ready_s = self.wait_healthy(READY_TIMEOUT_S, since=t0)
-        models = httpx.get(self.base + "/v1/models", timeout=30).json()
-        self.model_id = models["data"][0]["id"]
-
-    def wait_healthy(self, timeout: float, since: float | None = None) -> float:
-        start = time.monotonic() if since is None else since
-        deadline = time.monotonic() + timeout
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); log:\n{self.log_tail()}")
-            try:
-                r = httpx.get(self.base + "/health", timeout=2.0)
-                if r.status_code == 200:
-                    return time.monotonic() - start
-                last = f"HTTP {r.status_code}: {r.text[:300]}"
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not healthy after {timeout:g} s ({last}); log:\n{self.log_tail()}")
-
-    def log_tail(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
-
-    def pids(self) -> list[int]:
-        return tree_pids(self.proc.pid) if self.proc else []
-
-    def _signal(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        targets = set(self.pids())
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        for pid in targets - {self.proc.pid}:  # a child that left the group still belongs to this server
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def pause(self) -> None:
-        self._signal(signal.SIGSTOP)
-        self.paused = True
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-        self.paused = False
-        self.wait_healthy(60)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc is None:
-            return
-        self._signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-        self.paused = False
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self._signal(signal.SIGKILL)  # whatever is left of the group
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        if self in _LIVE:
-            _LIVE.remove(self)
-
-
-_LIVE: list[Server] = []
-ABORT = threading.Event()  # set on Ctrl-C/SIGTERM: the load's clients send nothing more
-
-
-def model_and_env(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
-    """The model file (--model, else the bundled one) and edgellm's extra environment (--edgellm-env)."""
-    model = str(Path(args.model or bundled_model_path() or "").resolve())
-    if not Path(model).is_file():
-        ap.error(f"no model at {model!r}")
-    extra_env = {}
-    for kv in args.edgellm_env:
-        key, sep, value = kv.partition("=")
-        if not sep or not key:
-            ap.error(f"--edgellm-env wants KEY=VAL, got {kv!r}")
-        extra_env[key] = value
-    return model, extra_env
-
-
-def clean_env() -> dict[str, str]:
-    """This process's environment without the settings of either server (a benchmark sets its own)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGELLM_", "LLAMA_ARG_"))}
-    env.pop("INFERENCE_API_TOKEN", None)
-    return env
-
-
-def edgellm_server(model: str, threads: int, slots: int, n_ctx: int, extra_env: dict, tmpdir: Path) -> Server:
-    """`edgellm serve` on a free port with this model, threads, slots and context, its state in `tmpdir`."""
-    port = free_port()
-    env = {
-        **clean_env(),
-        "EDGELLM_MODEL_PATH": model,
-        "EDGELLM_N_THREADS": str(threads),
-        "EDGELLM_N_SLOTS": str(slots),
-        "EDGELLM_N_CTX": str(n_ctx),
-        **extra_env,
-    }
-    binary = REPO / ".venv" / "bin" / "edgellm"
-    cmd = [str(binary)] if binary.exists() else [sys.executable, "-m", "edgellm"]
-    cmd += ["serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(tmpdir / "state")]
-    cmd += ["--log-level", "warning"]
-    return Server("edgellm", cmd, env, port, tmpdir / "edgellm.log")
-
-
-def llama_server(
-    binary: Path, model: str, threads: int, slots: int, n_ctx: int, unified: bool, extra: list, tmpdir: Path
-) -> Server:
-    """llama-server on a free port, set as edgellm_server's node is (its KV layout included)."""
-    port = free_port()
-    cmd = [str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(n_ctx)]
-    cmd += ["--kv-unified" if unified else "--no-kv-unified", "-fa", "on", "--no-webui", *extra]
-    return Server("llama-server", cmd, clean_env(), port, tmpdir / "llama-server.log")
-
-
-def stop_all() -> None:
-    # After an interrupt a server may still be busy with requests nobody waits for: a short grace, then
-    # SIGKILL.
-    grace_s = 5.0 if ABORT.is_set() else 30.0
-    for server in list(_LIVE):
-        t0 = time.monotonic()
-        try:
-            server.stop(grace_s)
-            if ABORT.is_set():
-                print(f"{server.name} stopped in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-        except Exception as exc:  # noqa: BLE001 - keep stopping the others
-            print(f"stopping {server.name}: {exc}", file=sys.stderr)
-
-
-def on_signal(signum: int, _frame: object) -> None:
-    ABORT.set()
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # -- load -----------------------------------------------------------------------------------------
@@ -422,48 +201,30 @@ def warm_up(server: Server) -> None:
 
 
 def run_turn(server: Server, n_c1: int, n_c8: int, max_tokens: int) -> dict:
-    server.resume()
-    warm_up(server)
+    """One server's turn: resumed, warmed up, the four loads, paused again."""
     turn = {}
-    for schema in (False, True):
-        for clients, n in ((1, n_c1), (SLOTS, n_c8)):
-            key = f"{'schema' if schema else 'plain'}_c{clients}"
-            turn[key] = r = run_load(server, schema, clients, n, max_tokens)
-            extra = f", {r['valid']}/{n} valid, {r['valid_per_min']:.1f}/min" if schema else ""
-            print(
-                f"  {server.name:12s} {key:9s}: {r['tok_s']:6.1f} tok/s{extra}, {r['failed']} failed, "
-                f"{r['wall_s']:.1f} s, RSS {r['rss_mb_peak']:.0f} MB",
-                flush=True,
-            )
-            for e in r["errors"]:
-                print(f"    error: {e}", flush=True)
-    try:  # edgellm's engine state (restarts, worker pid) after the turn: a pause must not have cost a restart
-        server.health.append(httpx.get(server.base + "/health", timeout=10).json())
-    except (httpx.HTTPError, ValueError) as exc:
-        server.health.append({"error": str(exc)})
-    server.pause()
+    with server.turn():
+        warm_up(server)
+        for schema in (False, True):
+            for clients, n in ((1, n_c1), (SLOTS, n_c8)):
+                key = f"{'schema' if schema else 'plain'}_c{clients}"
+                turn[key] = r = run_load(server, schema, clients, n, max_tokens)
+                extra = f", {r['valid']}/{n} valid, {r['valid_per_min']:.1f}/min" if schema else ""
+                print(
+                    f"  {server.name:12s} {key:9s}: {r['tok_s']:6.1f} tok/s{extra}, {r['failed']} failed, "
+                    f"{r['wall_s']:.1f} s, RSS {r['rss_mb_peak']:.0f} MB",
+                    flush=True,
+                )
+                for e in r["errors"]:
+                    print(f"    error: {e}", flush=True)
+        try:  # edgellm's engine state (restarts, worker pid) after the turn: a pause must not have cost a restart
+            server.health.append(httpx.get(server.base + "/health", timeout=10).json())
+        except (httpx.HTTPError, ValueError) as exc:
+            server.health.append({"error": str(exc)})
     return turn
 
 
-# -- llama.cpp binaries ---------------------------------------------------------------------------
-def llama_binaries(args: argparse.Namespace) -> tuple[Path, Path | None, dict]:
-    if args.llama_server:
-        server = Path(args.llama_server).resolve()
-        bench = Path(args.batched_bench).resolve() if args.batched_bench else server.with_name("llama-batched-bench")
-        return server, bench if bench.exists() else None, {"llama_server": str(server)}
-    t0 = time.monotonic()
-    print(f"llama-server: {BUILD_SCRIPT.name} (builds once, several minutes, niced)", flush=True)
-    out = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True).stdout
-    folder = Path(out.strip().splitlines()[-1])
-    info = {"llama_server": str(folder / "bin" / "llama-server"), "took_s": time.monotonic() - t0}
-    try:
-        info["build"] = json.loads((folder / "build.json").read_text())
-    except (OSError, ValueError):
-        pass
-    bench = folder / "bin" / "llama-batched-bench"
-    return folder / "bin" / "llama-server", bench if bench.exists() else None, info
-
-
+# -- llama.cpp's own ceiling --------------------------------------------------------------------
 def batched_bench(binary: Path, model: str, npl: int, npp: int, ntg: int) -> dict | None:
     cmd = [str(binary), "-m", model, "-c", str(N_CTX), "-t", str(THREADS), "-tb", str(THREADS), "-fa", "on"]
     cmd += ["-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl)]
@@ -504,7 +265,7 @@ def report(results: dict, bench: dict | None) -> str:
             s += f", {sum(t[key]['valid'] for t in turns)}/{sum(t[key]['requests'] for t in turns)} valid"
         return m, s
 
-    lines = ["| load | edgellm | llama-server | ratio |", "|---|---|---|---|"]
+    table = Table("load", "edgellm", "llama-server", "ratio")
     for label, key, field in (
         ("plain c1 tok/s", "plain_c1", "tok_s"),
         (f"plain c{SLOTS} tok/s", f"plain_c{SLOTS}", "tok_s"),
@@ -513,31 +274,25 @@ def report(results: dict, bench: dict | None) -> str:
     ):
         em, es = cell(e_turns, key, field)
         lm, ls = cell(l_turns, key, field)
-        lines.append(f"| {label} | {es} | {ls} | {em / lm if lm else float('nan'):.2f}x |")
+        table.add(label, es, ls, times(em, lm))
     er, lr = results["edgellm"]["ready_first_s"], results["llama-server"]["ready_first_s"]
-    lines.append(f"| ready after the first start (s) | {er:.1f} | {lr:.1f} | {er / lr:.2f}x |")
+    table.add("ready after the first start (s)", f"{er:.1f}", f"{lr:.1f}", times(er, lr))
     er, lr = results["edgellm"]["ready_s"], results["llama-server"]["ready_s"]
-    lines.append(f"| ready after a restart (s) | {er:.1f} | {lr:.1f} | {er / lr:.2f}x |")
+    table.add("ready after a restart (s)", f"{er:.1f}", f"{lr:.1f}", times(er, lr))
     erss = max(r["rss_mb_peak"] for t in e_turns for r in t.values())
     lrss = max(r["rss_mb_peak"] for t in l_turns for r in t.values())
-    lines.append(f"| RSS under load (MB, process tree, peak) | {erss:.0f} | {lrss:.0f} | {erss / lrss:.2f}x |")
+    table.add("RSS under load (MB, process tree, peak)", f"{erss:.0f}", f"{lrss:.0f}", times(erss, lrss))
     failed = {
         name: sum(r["failed"] for t in results[name]["turns"] for r in t.values())
         for name in ("edgellm", "llama-server")
     }
-    out = "\n".join(lines)
+    out = str(table)
     out += (
         "\n\nEach server: the mean of its turns (each in parentheses); ratio = edgellm / llama-server. "
         f"Failed requests: edgellm {failed['edgellm']}, llama-server {failed['llama-server']}."
     )
-    # Each llama-server turn against the mean of the edgellm turns on either side of it: a machine whose
-    # speed drifts over minutes moves both sides of a bracket alike, so these ratios are steadier.
     for key in ("plain_c1", f"plain_c{SLOTS}"):
-        brackets = [
-            mean([e_turns[k][key]["tok_s"], e_turns[k + 1][key]["tok_s"]]) / l_turns[k][key]["tok_s"]
-            for k in range(len(l_turns))
-            if l_turns[k][key]["tok_s"]
-        ]
+        brackets = bracket_ratios([t[key]["tok_s"] for t in e_turns], [t[key]["tok_s"] for t in l_turns])
         if brackets:
             each = " / ".join(f"{b:.2f}" for b in brackets)
             out += f"\n{key} bracket ratios: {each} (median {statistics.median(brackets):.2f})"
@@ -587,13 +342,7 @@ def main() -> int:
     except ValidationError:
         ap.error(f"EDGELLM_KV_UNIFIED={extra_env['EDGELLM_KV_UNIFIED']!r} is not a boolean")
 
-    # SIGINT too: a run started in the background (nohup, `cmd &`) inherits it ignored.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    atexit.register(stop_all)
-
-    server_bin, bench_bin, build_info = llama_binaries(args)
+    server_bin, bench_bin, build_info = llama_binaries(args.llama_server, args.batched_bench)
     print(
         f"model {Path(model).name}; {THREADS} threads, {SLOTS} slots, n_ctx {N_CTX}; {args.max_tokens} max tokens, "
         f"temperature {TEMPERATURE}; {n_c1} requests at c1, {n_c8} at c{SLOTS}; "
@@ -613,8 +362,8 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-server-") as tmp:
         tmpdir = Path(tmp)
-        edgellm = edgellm_server(model, THREADS, SLOTS, N_CTX, extra_env, tmpdir)
-        llama = llama_server(server_bin, model, THREADS, SLOTS, N_CTX, unified, args.llama_server_arg, tmpdir)
+        edgellm = EdgellmNode.sized(tmpdir, model, THREADS, SLOTS, N_CTX, extra_env)
+        llama = LlamaServer(server_bin, model, THREADS, SLOTS, N_CTX, unified, args.llama_server_arg, tmpdir)
         results["commands"] = {"edgellm": edgellm.cmd, "llama-server": llama.cmd}
         try:
             first_start: dict[str, float] = {}
@@ -631,11 +380,10 @@ def main() -> int:
                     flush=True,
                 )
                 server.pause()
-            turns: dict[str, list[dict]] = {"edgellm": [], "llama-server": []}
-            for k in range(1, args.turns + 1):
-                server = edgellm if k % 2 else llama
-                print(f"turn {k}: {server.name}", flush=True)
-                turns[server.name].append(run_turn(server, n_c1, n_c8, args.max_tokens))
+            measured: dict[str, list[dict]] = {"edgellm": [], "llama-server": []}
+            for turn in turns((edgellm, llama), args.turns):
+                print(f"turn {turn.number}: {turn.side.name}", flush=True)
+                measured[turn.side.name].append(run_turn(turn.side, n_c1, n_c8, args.max_tokens))
             workers = {h.get("result", {}).get("engine", {}).get("worker_pid") for h in edgellm.health}
             if len(workers) > 1:
                 print(f"note: edgellm's engine worker changed between turns ({sorted(map(str, workers))})")
@@ -643,7 +391,7 @@ def main() -> int:
                 results[server.name] = {
                     "ready_first_s": first_start[server.name],
                     "ready_s": server.ready_s,
-                    "turns": turns[server.name],
+                    "turns": measured[server.name],
                     "health": server.health,
                 }
         except BaseException:
@@ -659,25 +407,6 @@ def main() -> int:
     results["batched_bench"] = bench
     write_results(results, report(results, bench), args.out)
     return 0
-
-
-def write_results(results: dict, table: str, out: str | None) -> None:
-    """Print the table; with `out`, write the results (the table in them) there as JSON."""
-    print("\n" + table, flush=True)
-    results["table"] = table
-    if out:
-        Path(out).write_text(json.dumps(results, indent=1, default=str))
-        print(f"results: {out}")
-
-
-def run_main(main: Callable[[], int]) -> None:
-    """Exit with main()'s status; on Ctrl-C (or on_signal's abort) stop every server first."""
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as exc:
-        stop_all()
-        print(f"\ninterrupted ({exc or 'Ctrl-C'}); servers stopped", file=sys.stderr)
-        sys.exit(130)
 
 
 if __name__ == "__main__":

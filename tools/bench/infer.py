@@ -7,7 +7,7 @@ baseline; it reuses the previous prompt's prefix too), then through `edgellm inf
 batch_size 1 and 8. Prints generated tok/s and the ratio to the baseline, with the profile's
 prefill/generation split and reused prefix tokens.
 
-    python tools/bench_infer.py [--requests 32] [--max-tokens 128]
+    python tools/bench/infer.py [--requests 32] [--max-tokens 128]
 """
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.infer.contract import parse_job  # noqa: E402
 from edgellm.infer.runner import InferOptions, run_job  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path, load_settings  # noqa: E402
-from tools.bench import PROMPTS as QUESTIONS  # noqa: E402  (the same questions as the native benchmark)
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from edgellm.runtime.settings import load_settings  # noqa: E402
+from tools.bench.prompts import PROMPTS as QUESTIONS  # noqa: E402  (the same questions as the node benchmark)
+from tools.bench.results import Table, times  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 
 SYSTEM = (
     "You are the assistant of a field robot on a vineyard. The vineyard has forty rows of grapes, two "
@@ -95,17 +98,25 @@ def main() -> int:
     base = baseline(model, args.requests, args.max_tokens, args.threads)
     rows = [(bs, infer(model, args.requests, args.max_tokens, bs)) for bs in (1, 8)]
     print(f"{args.requests} requests, {args.max_tokens} max tokens, shared system prompt, T=0.7")
-    print("| run | tok/s | ratio | run s | prefill tok/s | generation tok/s | prefill tokens | reused | RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    dashes = " - |" * 5
-    print(f"| baseline (serial high-level API) | {base['tok_s']:.1f} | 1.00x | {base['wall']:.1f} |{dashes}")
+    table = Table(
+        "run", "tok/s", "ratio", "run s", "prefill tok/s", "generation tok/s", "prefill tokens", "reused", "RSS MB"
+    )
+    table.add("baseline (serial high-level API)", f"{base['tok_s']:.1f}", "1.00x", f"{base['wall']:.1f}", *["-"] * 5)
     for bs, r in rows:
-        print(
-            f"| infer batch_size {bs} | {r['tok_s']:.1f} | {r['tok_s'] / base['tok_s']:.2f}x | {r['wall']:.1f} | "
-            f"{r['prefill_tps']} | {r['gen_tps']} | {r['prefill_tokens']} | {r['reused']} | {r['rss']} |"
+        table.add(
+            f"infer batch_size {bs}",
+            f"{r['tok_s']:.1f}",
+            times(r["tok_s"], base["tok_s"]),
+            f"{r['wall']:.1f}",
+            r["prefill_tps"],
+            r["gen_tps"],
+            r["prefill_tokens"],
+            r["reused"],
+            r["rss"],
         )
+    table.print()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

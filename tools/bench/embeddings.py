@@ -12,7 +12,7 @@ Part 1, in-process on the bundled model (each side alone on the CPU, one after t
 Part 2, a real node (`edgellm serve`): 4 chat clients' completion tokens/s for --seconds, alone and
 while one client posts /v1/embeddings of 16 texts back to back; the ratio (goal >= 0.8).
 
-    python tools/bench_embeddings.py [--texts 256] [--runs 3] [--seconds 20]
+    python tools/bench/embeddings.py [--texts 256] [--runs 3] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.engine.config import ModelConfig  # noqa: E402
 from edgellm.engine.core import EngineCore  # noqa: E402
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
-from tests.nodeproc import NodeProcess  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.results import Table, times  # noqa: E402
+from tools.bench.servers import EdgellmNode, run_main  # noqa: E402
 
 EMBED_CTX_TOKENS = ModelConfig.embedding_ctx  # the engine's default embedding context, for the baseline too
 TOPICS = ("the weather", "a greenhouse robot", "battery health", "a delivery drone", "the harvest", "a sensor fault")
@@ -101,29 +102,30 @@ def part1(model: str, n: int, runs: int) -> None:
         results["create_embedding"].append(baseline(model, items))
     base = statistics.median(w for w, _ in results["create_embedding"])
     print(f"\n{n} texts, median of {runs} runs")
-    print(f"{'':24} {'inputs/s':>9} {'tokens/s':>9} {'vs create_embedding':>20}")
+    table = Table("", "inputs/s", "tokens/s", "vs create_embedding")
     for name, rows in results.items():
         wall = statistics.median(w for w, _ in rows)
         tokens = rows[0][1]
-        print(f"{name:24} {n / wall:9.1f} {tokens / wall:9.1f} {base / wall:19.2f}x")
+        table.add(name, f"{n / wall:.1f}", f"{tokens / wall:.1f}", times(base, wall))  # walls: baseline over this
+    table.print()
 
 
 def part2(seconds: float) -> None:
     with tempfile.TemporaryDirectory() as state:
-        node = NodeProcess(Path(state)).start()
+        node = EdgellmNode(Path(state)).start()
         try:
-            model = httpx.get(f"{node.base}/v1/models").json()["data"][0]["id"]
+            model = node.model_id
             alone = chat_rate(node, model, seconds, embed=False)
             mixed = chat_rate(node, model, seconds, embed=True)
         finally:
             node.stop()
     print(
         f"\n4 chat clients, {seconds:g} s each: alone {alone[0]:.1f} tok/s; with embeddings {mixed[0]:.1f} tok/s "
-        f"({mixed[0] / alone[0]:.2f}x), {mixed[1]:.1f} embedded inputs/s beside them"
+        f"({times(mixed[0], alone[0])}), {mixed[1]:.1f} embedded inputs/s beside them"
     )
 
 
-def chat_rate(node: NodeProcess, model: str, seconds: float, *, embed: bool) -> tuple[float, float]:
+def chat_rate(node: EdgellmNode, model: str, seconds: float, *, embed: bool) -> tuple[float, float]:
     stop = time.monotonic() + seconds
     tokens = [0] * 4
     embedded = [0]
@@ -179,4 +181,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -7,7 +7,7 @@ node is started as a subprocess and driven by C concurrent clients (1, 4, 8) for
 JSON-schema-constrained requests. Prints a table with aggregate tok/s, p50/p95 latency and TTFT,
 the ratios to the baseline, the guided-decoding cost per step and the node's RSS under load.
 
-    python tools/bench.py [--requests 32] [--max-tokens 128] [--clients 1,4,8]
+    python tools/bench/throughput.py [--requests 32] [--max-tokens 128] [--clients 1,4,8]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import sys
 import tempfile
@@ -25,21 +26,13 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
-from tests.nodeproc import NodeProcess  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.prompts import PROMPTS  # noqa: E402
+from tools.bench.results import Table, percentile, times  # noqa: E402
+from tools.bench.servers import EdgellmNode, rss_mb, run_main  # noqa: E402
 
-PROMPTS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a bicycle works.",
-    "Describe a busy market in the morning.",
-    "Write a letter to a friend about a trip to the mountains.",
-    "Explain why the sky is blue.",
-    "Describe your ideal weekend.",
-    "Write a poem about autumn leaves.",
-    "Explain how plants make food from sunlight.",
-]
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -66,9 +59,10 @@ def body(i: int, constrained: bool, max_tokens: int) -> dict:
     return b
 
 
-def pct(values: list[float], p: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
+def pct(values: list[float], q: float) -> float:
+    """The rank percentile; NaN when every request failed (the table then says so)."""
+    value = percentile(values, q)
+    return math.nan if value is None else value
 
 
 def baseline(model: str, n: int, max_tokens: int, constrained: bool, threads: int) -> dict:
@@ -110,18 +104,6 @@ def baseline(model: str, n: int, max_tokens: int, constrained: bool, threads: in
         "tokens": toks,
         "wall": wall,
     }
-
-
-def rss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except FileNotFoundError:
-            pass
-    return total / 1024
 
 
 def drive(base: str, clients: int, n: int, constrained: bool, max_tokens: int) -> dict:
@@ -182,7 +164,7 @@ def main() -> int:
         print(f"baseline {'schema' if c else 'plain '}: {b['tok_s']:.1f} tok/s, p50 {b['p50']:.2f}s", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as state:
-        node = NodeProcess(Path(state), "--n-threads", str(args.threads), "--log-level", "warning").start()
+        node = EdgellmNode(Path(state), "--n-threads", str(args.threads), "--log-level", "warning").start()
         try:
             pids = [node.proc.pid, node.worker_pid()]
             guide_cost = None
@@ -221,22 +203,46 @@ def main() -> int:
         finally:
             node.stop()
     print()
-    print(
-        "| mode | clients | tok/s | ratio vs serial baseline | p50 latency s | p95 latency s | p50 TTFT ms | "
-        "p95 TTFT ms | node RSS MB | failed |"
+    table = Table(
+        "mode",
+        "clients",
+        "tok/s",
+        "ratio vs serial baseline",
+        "p50 latency s",
+        "p95 latency s",
+        "p50 TTFT ms",
+        "p95 TTFT ms",
+        "node RSS MB",
+        "failed",
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
     for constrained, b in base.items():
-        print(
-            f"| {'schema' if constrained else 'plain'} | baseline (serial high-level API) | {b['tok_s']:.1f} | 1.00x "
-            f"| {b['p50']:.2f} | {b['p95']:.2f} | {1000 * b['ttft50']:.0f} | - | - | 0 |"
+        mode = "schema" if constrained else "plain"
+        table.add(
+            mode,
+            "baseline (serial high-level API)",
+            f"{b['tok_s']:.1f}",
+            "1.00x",
+            f"{b['p50']:.2f}",
+            f"{b['p95']:.2f}",
+            f"{1000 * b['ttft50']:.0f}",
+            "-",
+            "-",
+            0,
         )
     for constrained, c, r in rows:
-        ratio = r["tok_s"] / base[constrained]["tok_s"]
-        print(
-            f"| {'schema' if constrained else 'plain'} | {c} | {r['tok_s']:.1f} | {ratio:.2f}x | {r['p50']:.2f} | "
-            f"{r['p95']:.2f} | {1000 * r['ttft50']:.0f} | {1000 * r['ttft95']:.0f} | {r['rss']:.0f} | {r['failed']} |"
+        table.add(
+            "schema" if constrained else "plain",
+            c,
+            f"{r['tok_s']:.1f}",
+            times(r["tok_s"], base[constrained]["tok_s"]),
+            f"{r['p50']:.2f}",
+            f"{r['p95']:.2f}",
+            f"{1000 * r['ttft50']:.0f}",
+            f"{1000 * r['ttft95']:.0f}",
+            f"{r['rss']:.0f}",
+            r["failed"],
         )
+    table.print()
     if guide_cost:
         g, d = guide_cost
         print(
@@ -248,4 +254,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -7,7 +7,7 @@ alone / beside a busy loop (one process spinning one core), each with `thread_po
 = every core) and `adaptive` (engine/cpu_share.py). Ratios are against "alone, fixed", measured in the
 same run. The adaptive runs give the governor 3 s with the competitor before measuring.
 
-    python tools/bench_contention.py [--tokens 128]
+    python tools/bench/contention.py [--tokens 128]
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.engine.config import ModelConfig  # noqa: E402
 from edgellm.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from edgellm.offline import OfflineEngine  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.results import Table, times  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 
 # Both end tokens banned: every request generates exactly --tokens tokens.
 NO_END = {0: -100.0, 2: -100.0}
@@ -67,16 +69,12 @@ def main() -> int:
             threads = engine.scheduler.threads.current
         rows.append((policy, alone, contended, threads))
     base = rows[0][1]
-    print(
-        f"{'policy':10} {'alone tok/s':>12} {'busy tok/s':>11} {'busy/alone':>11} {'vs fixed alone':>15} {'threads':>8}"
-    )
+    table = Table("policy", "alone tok/s", "busy tok/s", "busy/alone", "vs fixed alone", "threads")
     for policy, alone, contended, threads in rows:
-        print(
-            f"{policy:10} {alone:12.1f} {contended:11.1f} {contended / alone:10.2f}x {contended / base:14.2f}x "
-            f"{threads:8d}"
-        )
+        table.add(policy, f"{alone:.1f}", f"{contended:.1f}", times(contended, alone), times(contended, base), threads)
+    table.print()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -10,7 +10,7 @@ Both projectors have random weights (tools/build_mmproj.py): the outputs mean no
 Prints generated tokens/s and its ratio to the baseline, the image's encode+decode time per chunk
 (scheduler stats), and the image request's time to first token.
 
-    python tools/bench_multimodal.py [--max-tokens 96] [--rounds 3]
+    python tools/bench/multimodal.py [--max-tokens 96] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.engine.config import ModelConfig  # noqa: E402
 from edgellm.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from edgellm.media.types import ImageInput  # noqa: E402
 from edgellm.offline import OfflineEngine  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
-from tools.bench import PROMPTS  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.prompts import PROMPTS  # noqa: E402
+from tools.bench.results import Table, times  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 from tools.build_mmproj import build_vision_mmproj, text_model_n_embd  # noqa: E402
 
 
@@ -106,13 +108,14 @@ def main() -> int:
             result["wall"] = time.perf_counter() - t0
         rows.append((label, result))
     base = rows[0][1]["tok_s"]
-    print(f"{'run':36} {'tok/s':>8} {'ratio':>6} {'encode ms':>10} {'enc+decode ms':>14} {'req0 TTFT ms':>13}")
+    table = Table("run", "tok/s", "ratio", "encode ms", "enc+decode ms", "req0 TTFT ms")
     for label, r in rows:
         enc = f"{r['encode_ms']:.1f}" if r["media_ms"] else "-"
         media = f"{r['media_ms']:.1f}" if r["media_ms"] else "-"
-        print(f"{label:36} {r['tok_s']:8.1f} {r['tok_s'] / base:5.2f}x {enc:>10} {media:>14} {r['ttft_ms']:13.0f}")
+        table.add(label, f"{r['tok_s']:.1f}", times(r["tok_s"], base), enc, media, f"{r['ttft_ms']:.0f}")
+    table.print()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -17,7 +17,7 @@ at a time (never two engines on the cores). Three parts:
     cells held while all 8 run (edgellm: /status `kv_pool.used`, the most seen; llama-server: the sum
     over processing slots of prompt + decoded tokens, each slot's own cells, from /slots).
 
-    .venv/bin/python tools/bench_lanes.py [--realtime 20] [--out lanes.json] [--llama-server PATH]
+    .venv/bin/python tools/bench/lanes.py [--realtime 20] [--out lanes.json] [--llama-server PATH]
 
 Run it on a quiet machine (on a shared one: flock /tmp/edgellm-cpu.lock ...).
 """
@@ -25,10 +25,9 @@ Run it on a quiet machine (on a shared one: flock /tmp/edgellm-cpu.lock ...).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -37,22 +36,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from bench_vs_llama_server import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench.results import Table, percentile, ratio, write_results  # noqa: E402
+from tools.bench.servers import (  # noqa: E402
     ABORT,
-    N_CTX,
-    SLOTS,
-    THREADS,
+    EdgellmNode,
+    LlamaServer,
     Server,
-    edgellm_server,
     llama_binaries,
-    llama_server,
     model_and_env,
-    on_signal,
     run_main,
-    stop_all,
-    write_results,
 )
 
+THREADS = 2
+SLOTS = 8
+N_CTX = 8192
 REALTIME_EVERY_S = 0.5
 BATCH_MAX_TOKENS = 256
 SENTENCE = "The harbour master logged the tide, the wind and every ship that came in that night. "
@@ -60,10 +60,6 @@ SYSTEM_SENTENCE = "You are the maintenance assistant of a robot fleet; follow th
 
 
 # -- requests -------------------------------------------------------------------------------------
-def chat(server: Server, body: dict, timeout: float = 600) -> httpx.Response:
-    return httpx.post(server.base + "/v1/chat/completions", json={"model": server.model_id, **body}, timeout=timeout)
-
-
 def lane(server: Server, priority: str) -> dict:
     return {"priority": priority} if server.name.startswith("edgellm") else {}
 
@@ -122,7 +118,7 @@ def realtime_ttft(server: Server, n: int, loaded: bool) -> dict:
                 **lane(server, "batch"),
             }
             try:
-                r = chat(server, body)
+                r = server.chat(body)
                 if r.status_code != 200:
                     errors.append(f"batch {r.status_code}: {r.text[:200]}")
             except httpx.HTTPError as exc:
@@ -142,7 +138,7 @@ def realtime_ttft(server: Server, n: int, loaded: bool) -> dict:
         time.sleep(max(0.0, next_at - time.monotonic()))
         next_at += REALTIME_EVERY_S
         t0 = time.monotonic()
-        r = chat(server, classify(server, i))
+        r = server.chat(classify(server, i))
         if r.status_code != 200:
             errors.append(f"realtime {r.status_code}: {r.text[:200]}")
             continue
@@ -156,9 +152,7 @@ def realtime_ttft(server: Server, n: int, loaded: bool) -> dict:
 def summary(values: list[float]) -> dict:
     if not values:
         return {}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"p50_s": statistics.median(ordered), "p99_s": p99, "max_s": ordered[-1]}
+    return {"p50_s": statistics.median(values), "p99_s": percentile(values, 0.99, "nearest"), "max_s": max(values)}
 
 
 def run_watching(server: Server, bodies: list[dict], reading: Callable[[], int]) -> tuple[list[httpx.Response], int]:
@@ -177,7 +171,7 @@ def run_watching(server: Server, bodies: list[dict], reading: Callable[[], int])
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     with ThreadPoolExecutor(len(bodies)) as pool:
-        answers = list(pool.map(lambda b: chat(server, b), bodies))
+        answers = list(pool.map(server.chat, bodies))
     done.set()
     watcher.join(5)
     return answers, most
@@ -192,8 +186,8 @@ def context_limits(server: Server) -> dict:
     else:
         props = httpx.get(server.base + "/props", timeout=10).json()
         limit = int(props.get("default_generation_settings", {}).get("n_ctx") or 0) - 1
-    r = chat(
-        server, {"messages": [{"role": "user", "content": text_of(server, 3000)}], "max_tokens": 4, "temperature": 0}
+    r = server.chat(
+        {"messages": [{"role": "user", "content": text_of(server, 3000)}], "max_tokens": 4, "temperature": 0}
     )
     long_prompt = {"status": r.status_code}
     if r.status_code == 200:
@@ -231,7 +225,7 @@ def shared_prompt_cells(server: Server) -> dict:
         for k in range(SLOTS)
     ]
     # One first, alone: the shared prefix is then cached, as a system prompt is on a node that has served.
-    first = chat(server, bodies[0])
+    first = server.chat(bodies[0])
     results, most = run_watching(server, bodies, lambda: held_cells(server) if busy_slots(server) == SLOTS else 0)
     prompt_tokens = first.json()["usage"]["prompt_tokens"] if first.status_code == 200 else None
     return {
@@ -244,35 +238,45 @@ def shared_prompt_cells(server: Server) -> dict:
 # -- the run --------------------------------------------------------------------------------------
 def report(results: dict) -> str:
     names = [n for n in ("edgellm", "edgellm-pool", "llama-server") if n in results]
-    lines = ["(a) realtime TTFT, 1-token answers every 0.5 s (s): unloaded p50 / p99 -> with 8 batch clients p50 / p99"]
+    realtime = Table(
+        "server", "unloaded p50 s", "unloaded p99 s", "loaded p50 s", "loaded p99 s", "loaded p99 / unloaded", "max s"
+    )
     for name in names:
         a = results[name].get("realtime")
         if not a:
             continue
         idle, busy = a["unloaded"], a["loaded"]
         if not idle.get("p99_s") or not busy.get("p99_s"):
-            lines.append(f"  {name}: no answers ({busy.get('errors')})")
+            realtime.add(name, *["-"] * 5, f"no answers ({busy.get('errors')})")
             continue
-        lines.append(
-            f"  {name:13s} {idle['p50_s']:.3f} / {idle['p99_s']:.3f} -> {busy['p50_s']:.3f} / {busy['p99_s']:.3f}"
-            f"  (loaded p99 = {busy['p99_s'] / idle['p99_s']:.1f}x unloaded; max {busy['max_s']:.2f})"
+        realtime.add(
+            name,
+            f"{idle['p50_s']:.3f}",
+            f"{idle['p99_s']:.3f}",
+            f"{busy['p50_s']:.3f}",
+            f"{busy['p99_s']:.3f}",
+            f"{ratio(busy['p99_s'], idle['p99_s']):.1f}x",
+            f"{busy['max_s']:.2f}",
         )
-    lines.append("(b) context at -c 8192 -np 8: longest prompt; a 3,000-token prompt; 4 x 2,000-token at once")
+    context = Table("server", "longest prompt", "a 3,000-token prompt", "4 x 2,000-token: statuses", "ran at once")
     for name in names:
         b = results[name]["context"]
         p3 = b["prompt_3000"]
         answer = f"answered ({p3.get('prompt_tokens')} tokens)" if p3["status"] == 200 else f"refused {p3['status']}"
-        lines.append(
-            f"  {name:13s} {b['longest_prompt']} tokens; {answer}; statuses {b['four_2k']['statuses']}, "
-            f"{b['four_2k']['most_at_once']} ran at once"
-        )
-    lines.append("(c) 8 clients sharing a ~900-token system prompt: KV cells held while all 8 run")
+        context.add(name, b["longest_prompt"], answer, b["four_2k"]["statuses"], b["four_2k"]["most_at_once"])
+    shared = Table("server", "cells held", "vs llama-server", "prompt tokens")
     llama_cells = results.get("llama-server", {}).get("shared", {}).get("cells_held_all_8_running")
     for name in names:
         c = results[name]["shared"]
-        ratio = f" ({c['cells_held_all_8_running'] / llama_cells:.2f}x llama-server)" if llama_cells else ""
-        lines.append(f"  {name:13s} {c['cells_held_all_8_running']} cells{ratio}; prompt {c['prompt_tokens']} tokens")
-    return "\n".join(lines)
+        vs = f"{ratio(c['cells_held_all_8_running'], llama_cells):.2f}x" if llama_cells else "-"
+        shared.add(name, c["cells_held_all_8_running"], vs, c["prompt_tokens"])
+    return "\n\n".join(
+        [
+            "(a) realtime TTFT, 1-token answers every 0.5 s: unloaded, then with 8 batch clients\n" + str(realtime),
+            "(b) context at -c 8192 -np 8\n" + str(context),
+            "(c) 8 clients sharing a ~900-token system prompt: KV cells held while all 8 run\n" + str(shared),
+        ]
+    )
 
 
 def main() -> int:
@@ -285,20 +289,15 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     model, extra_env = model_and_env(ap, args)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    atexit.register(stop_all)
-    server_bin, _, build_info = llama_binaries(args)
+    server_bin, _, build_info = llama_binaries(args.llama_server, args.batched_bench)
     results: dict = {"model": model, "threads": THREADS, "slots": SLOTS, "n_ctx": N_CTX, "llama_server": build_info}
     with tempfile.TemporaryDirectory(prefix="bench-lanes-") as tmp:
         tmpdir = Path(tmp)
-        configs = [
-            ("edgellm", lambda d: edgellm_server(model, THREADS, SLOTS, N_CTX, extra_env, d)),
-            (
-                "edgellm-pool",
-                lambda d: edgellm_server(model, THREADS, SLOTS, N_CTX, {**extra_env, "EDGELLM_KV_UNIFIED": "true"}, d),
-            ),
-            ("llama-server", lambda d: llama_server(server_bin, model, THREADS, SLOTS, N_CTX, True, [], d)),
+        pool_env = {**extra_env, "EDGELLM_KV_UNIFIED": "true"}
+        configs: list[tuple[str, Callable[[Path], Server]]] = [
+            ("edgellm", lambda d: EdgellmNode.sized(d, model, THREADS, SLOTS, N_CTX, extra_env)),
+            ("edgellm-pool", lambda d: EdgellmNode.sized(d, model, THREADS, SLOTS, N_CTX, pool_env)),
+            ("llama-server", lambda d: LlamaServer(server_bin, model, THREADS, SLOTS, N_CTX, True, [], d)),
         ]
         for name, make in configs:
             folder = tmpdir / name

@@ -11,18 +11,14 @@ with max_loaded_models 0 (both stay loaded when their memory plans fit: a switch
   3. idle unload: the RSS of the node's processes (API + workers) with the model(s) loaded, then after
      idle_unload_s (every worker gone), then the wake-up request's latency.
 
-    python tools/bench_models.py [--requests 32] [--max-tokens 16] [--workdir DIR]
+    python tools/bench/models.py [--requests 32] [--max-tokens 16] [--workdir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,56 +27,19 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.results import Table, percentile, ratio  # noqa: E402
+from tools.bench.servers import EdgellmNode, rss_mb, run_main, tree_pids  # noqa: E402
 
 MSG = [{"role": "user", "content": "Name one colour."}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_mib(pid: int) -> float:
-    """RSS of a process and its children (the API process and its engine worker)."""
-    total = 0
-    pids = [pid]
-    while pids:
-        p = pids.pop()
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-            for task in os.listdir(f"/proc/{p}/task"):  # a child is listed under the thread that spawned it
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    pids += [int(c) for c in f.read().split()]
-        except (OSError, StopIteration):
-            continue
-    return total / 1024
-
-
-def start(folder: Path, config: dict) -> tuple[subprocess.Popen, str]:
+def start(folder: Path, config: dict) -> EdgellmNode:
     path = folder / "node.yaml"
     path.write_text(json.dumps(config), encoding="utf-8")
-    port = free_port()
-    cmd = [sys.executable, "-m", "edgellm", "serve", "--config", str(path), "--port", str(port)]
-    cmd += ["--state-dir", str(folder / "state")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGELLM_")}
-    proc = subprocess.Popen(cmd, stdout=open(folder / "node.log", "ab"), stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"node exited: see {folder / 'node.log'}")
-        time.sleep(0.3)
-    raise SystemExit("node not ready")
+    return EdgellmNode(folder, "--config", str(path)).start()
 
 
 def chat(client: httpx.Client, model: str, max_tokens: int) -> float:
@@ -93,8 +52,7 @@ def chat(client: httpx.Client, model: str, max_tokens: int) -> float:
 
 
 def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return percentile(values, q, "nearest")
 
 
 def run(client: httpx.Client, models: list[str], max_tokens: int) -> list[float]:
@@ -106,26 +64,25 @@ LAYOUTS = (("one at a time", 1), ("both loaded", 0))
 
 
 def measure(folder: Path, config: dict, args: argparse.Namespace) -> dict:
-    proc, base = start(folder, config)
+    node = start(folder, config)
     try:
-        with httpx.Client(base_url=base, timeout=300) as c:
+        with node.client(timeout=300) as c:
             chat(c, "alpha", args.max_tokens)  # warm
             alone = run(c, ["alpha"] * args.requests, args.max_tokens)
             before = c.get("/health").json()["result"]["engine"]["switches"]
             mixed = run(c, ["alpha", "beta"] * (args.requests // 2), args.max_tokens)
             states = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
             switches = c.get("/health").json()["result"]["engine"]["switches"] - before
-            loaded = rss_mib(proc.pid)
+            loaded = rss_mb(tree_pids(node.proc.pid))
             deadline = time.monotonic() + args.idle_unload_s + 30
             while c.get("/health").json()["result"]["engine"]["resident_models"]:
                 if time.monotonic() > deadline:
                     raise SystemExit("the models were not unloaded")
                 time.sleep(0.2)
-            unloaded = rss_mib(proc.pid)
+            unloaded = rss_mb(tree_pids(node.proc.pid))
             wake = chat(c, "alpha", args.max_tokens)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        node.stop()
     loads = sum(s["loads"] for s in states.values())
     return dict(
         alone=alone,
@@ -166,24 +123,37 @@ def main() -> int:
         }
         results = {name: measure(folder, {**config, "max_loaded_models": n}, args) for name, n in LAYOUTS}
     print(f"{args.requests} requests, 4 clients, max_tokens {args.max_tokens}, bundled model x2")
-    for name, r in results.items():
+    table = Table("", *results)
+    rows: dict[str, list[str]] = {
+        "one model: p50 / p95 ms": [],
+        "two models: p50 / p95 ms": [],
+        "switches / model loads": [],
+        "two models / one model, p95": [],
+        "last load of each (unload + load + warm-up)": [],
+        "RSS loaded -> idle-unloaded MiB": [],
+        "the wake-up request ms": [],
+    }
+    for r in results.values():
         alone, mixed = r["alone"], r["mixed"]
-        print(f"[{name}]")
-        print(f"  one model:  p50 {pct(alone, 0.5):7.0f} ms  p95 {pct(alone, 0.95):7.0f} ms")
-        print(
-            f"  two models: p50 {pct(mixed, 0.5):7.0f} ms  p95 {pct(mixed, 0.95):7.0f} ms  "
-            f"({r['switches']} switches, {r['loads']} loads; p95 ratio {pct(mixed, 0.95) / pct(alone, 0.95):.1f}x)"
-        )
         loads = ", ".join(f"{m} {s['last_load_ms']:.0f} ms" for m, s in r["states"].items() if s.get("last_load_ms"))
-        print(f"  last load of each (unload + load + warm-up): {loads}")
-        print(
-            f"  RSS loaded {r['loaded']:.0f} MiB -> idle-unloaded {r['unloaded']:.0f} MiB; "
-            f"the wake-up request {r['wake']:.0f} ms"
+        cells = (
+            f"{pct(alone, 0.5):.0f} / {pct(alone, 0.95):.0f}",
+            f"{pct(mixed, 0.5):.0f} / {pct(mixed, 0.95):.0f}",
+            f"{r['switches']} / {r['loads']}",
+            f"{ratio(pct(mixed, 0.95), pct(alone, 0.95)):.1f}x",
+            loads,
+            f"{r['loaded']:.0f} -> {r['unloaded']:.0f}",
+            f"{r['wake']:.0f}",
         )
+        for row, cell in zip(rows.values(), cells, strict=True):
+            row.append(cell)
+    for label, cells in rows.items():
+        table.add(label, *cells)
+    table.print()
     one, both = (results[name]["mixed"] for name, _ in LAYOUTS)
-    print(f"alternating p95, both loaded / one at a time: {pct(both, 0.95) / pct(one, 0.95):.2f}x")
+    print(f"alternating p95, both loaded / one at a time: {ratio(pct(both, 0.95), pct(one, 0.95)):.2f}x")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -2,7 +2,7 @@
 """Request balancing between two real offline Ratio1 nodes, against one node alone, in the same run.
 
 A burst of --requests async requests into node A, twice: A alone (balancing off), then A in a 2-node
-balancing group with B (edgellm.ratio1.launcher.fleet: one broker, ChainStore running). Both engines have
+balancing group with B (edgellm.ratio1.node_fleet.fleet: one broker, ChainStore running). Both engines have
 1 slot; the pending limit is 1. Printed: the burst's completion time (first submit to last result), the
 share B executed, p50/p95 latency (each record's finished_at - created_at on A) of delegated and local
 requests, and the delegation overhead alone: a delegated request's time on A less its time on B
@@ -11,15 +11,13 @@ the polling. On one 2-core machine both nodes share the cores (the engines use 1
 completion time does not show the scaling of two devices; the overhead is the figure that carries over.
 
     EDGELLM_RATIO1_PYTHON=$(tools/ratio1_venv.sh)/bin/python flock /tmp/edgellm-cpu.lock \\
-        .venv/bin/python tools/bench_fleet.py [--requests 32] [--max-tokens 32] [--out results.json]
+        .venv/bin/python tools/bench/fleet.py [--requests 32] [--max-tokens 32] [--out results.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -28,9 +26,12 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from edgellm.ratio1.launcher import NodeOptions, Ratio1Node, fleet, free_port  # noqa: E402
+from edgellm.ratio1.launcher import NodeOptions, Ratio1Node  # noqa: E402
+from edgellm.ratio1.node_fleet import fleet  # noqa: E402
+from tools.bench.results import Table, percentile, times, write_results  # noqa: E402
+from tools.bench.servers import free_port, run_main  # noqa: E402
 
 BALANCING = {
     "REQUEST_BALANCING_ENABLED": True,
@@ -79,10 +80,9 @@ def burst(url: str, n: int, max_tokens: int) -> tuple[float, list[dict]]:
         return time.monotonic() - started, list(done.values())
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+def pct(values: list[float], q: int) -> float | None:
+    """The q-th percentile (whole percents), interpolated between the two samples either side of it."""
+    return percentile(values, q / 100, "linear")
 
 
 def latency(rec: dict) -> float:
@@ -151,18 +151,17 @@ def main() -> int:
                 time.sleep(0.5)
             results["fleet"] = summary(*burst(a.base_url, args.requests, args.max_tokens), b.address)
     lone, two = results["lone"], results["fleet"]
-    print(f"{args.requests} requests, {args.max_tokens} max tokens, 1 slot and 1 thread per engine")
-    print(f"{'':28} {'A alone':>10} {'A + B':>10}")
+    table = Table("", "A alone", "A + B")
     for key in ("completion_s", "completed", "executed_on_b", "local_p50_ms", "local_p95_ms"):
-        print(f"{key:28} {str(lone[key]):>10} {str(two[key]):>10}")
+        table.add(key, lone[key], two[key])
     for key in ("delegated_p50_ms", "delegated_p95_ms", "overhead_p50_ms", "overhead_p95_ms"):
-        print(f"{key:28} {'':>10} {str(two[key]):>10}")
+        table.add(key, "", two[key])
+    report = [f"{args.requests} requests, {args.max_tokens} max tokens, 1 slot and 1 thread per engine", str(table)]
     if lone["completion_s"] and two["completion_s"]:
-        print(f"completion time A+B / A alone: {two['completion_s'] / lone['completion_s']:.2f}x")
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        report.append(f"completion time A+B / A alone: {times(two['completion_s'], lone['completion_s'])}")
+    write_results(results, "\n".join(report), args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -7,7 +7,7 @@ start-to-ready time, memory (PSS of every process of the server: node, uvicorn, 
 double-counts shared pages), one request's latency (median of sequential requests) and the tokens/s
 of C concurrent clients. Prints both and the node/native ratio.
 
-    EDGELLM_RATIO1_PYTHON=$(tools/ratio1_venv.sh)/bin/python python tools/bench_ratio1.py [--clients 8]
+    EDGELLM_RATIO1_PYTHON=$(tools/ratio1_venv.sh)/bin/python python tools/bench/ratio1.py [--clients 8]
 """
 
 from __future__ import annotations
@@ -23,42 +23,12 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from edgellm.ratio1.launcher import NodeOptions, Ratio1Node, free_port  # noqa: E402
-from tests.nodeproc import NodeProcess  # noqa: E402
-from tools.bench import PROMPTS  # noqa: E402  (the same prompts as the native benchmark)
-
-
-def tree(root: int) -> list[int]:
-    """root and all its descendants (from /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def pss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+from edgellm.ratio1.launcher import NodeOptions, Ratio1Node  # noqa: E402
+from tools.bench.prompts import PROMPTS  # noqa: E402  (the same prompts as the node benchmark)
+from tools.bench.results import Table, times  # noqa: E402
+from tools.bench.servers import EdgellmNode, free_port, pss_mb, run_main, tree_pids  # noqa: E402
 
 
 def body(i: int, max_tokens: int) -> dict:
@@ -126,14 +96,12 @@ def main() -> int:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         # Native host.
-        t0 = time.perf_counter()
-        native = NodeProcess(
+        native = EdgellmNode(
             Path(tmp) / "native", "--n-slots", str(args.n_slots), "--n-ctx", str(args.n_ctx), "--log-level", "warning"
         ).start()
-        ready = time.perf_counter() - t0
         try:
             m = measure(native.base, args.clients, args.max_tokens, args.singles)
-            rows["native host"] = {**m, "ready_s": ready, "pss_mb": pss_mb(tree(native.proc.pid))}
+            rows["native host"] = {**m, "ready_s": native.ready_s, "pss_mb": pss_mb(tree_pids(native.proc.pid))}
         finally:
             native.stop()
         # Ratio1 node.
@@ -154,7 +122,7 @@ def main() -> int:
         node.start()
         try:
             m = measure(node.base_url, args.clients, args.max_tokens, args.singles)
-            pss = pss_mb(tree(node.node.pid))
+            pss = pss_mb(tree_pids(node.node.pid))
             rows["Ratio1 node"] = {
                 **m,
                 "ready_s": node.ready_s,
@@ -165,17 +133,15 @@ def main() -> int:
             node.stop()
 
     print(f"\nN_SLOTS {args.n_slots}, N_CTX {args.n_ctx}, {args.clients} clients x {args.max_tokens} tokens")
-    print(f"{'':14} {'ready s':>8} {'PSS MB':>8} {'1 req s':>8} {f'{args.clients}-client tok/s':>18}")
+    table = Table("", "ready s", "PSS MB", "1 req s", f"{args.clients}-client tok/s")
     for name, r in rows.items():
-        print(f"{name:14} {r['ready_s']:8.1f} {r['pss_mb']:8.0f} {r['latency_s']:8.3f} {r['tok_s']:18.1f}")
+        table.add(name, f"{r['ready_s']:.1f}", f"{r['pss_mb']:.0f}", f"{r['latency_s']:.3f}", f"{r['tok_s']:.1f}")
     n, nat = rows["Ratio1 node"], rows["native host"]
-    print(
-        f"{'node/native':14} {n['ready_s'] / nat['ready_s']:8.2f} {n['pss_mb'] / nat['pss_mb']:8.2f} "
-        f"{n['latency_s'] / nat['latency_s']:8.2f} {n['tok_s'] / nat['tok_s']:18.2f}"
-    )
+    table.add("node/native", *(times(n[k], nat[k]) for k in ("ready_s", "pss_mb", "latency_s", "tok_s")))
+    table.print()
     print(f"(mosquitto: {n['broker_pss_mb']:.0f} MB PSS, not included)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -10,7 +10,7 @@ engine's counters before and after each batch) and valid calls / all calls: a ca
 name is one of the tools and json.loads(arguments) validates against that tool's schema (jsonschema).
 Ends with one JSON line holding every number.
 
-    python tools/bench_tools.py [--requests 16] [--max-tokens 64] [--clients 1,8] [--rounds 2]
+    python tools/bench/tool_calls.py [--requests 16] [--max-tokens 64] [--clients 1,8] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from pathlib import Path
 import jsonschema
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.nodeproc import NodeProcess  # noqa: E402
+from tools.bench.results import Table, percentile, times, turns  # noqa: E402
+from tools.bench.servers import EdgellmNode, run_main  # noqa: E402
 
 TOOLS = [
     {
@@ -93,11 +94,6 @@ def body(i: int, mode: str, max_tokens: int) -> dict:
         b["tools"] = TOOLS
         b["tool_choice"] = mode
     return b
-
-
-def pct(values: list[float], p: float) -> float | None:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(p * len(v)))] if v else None
 
 
 def f2(x: float | None) -> str:
@@ -244,8 +240,8 @@ def summary(acc: dict, n: int) -> dict:
         "tok_s": acc["tokens"] / acc["wall"] if acc["wall"] else 0.0,
         "tokens": acc["tokens"],
         "wall_s": acc["wall"],
-        "p50_s": pct(acc["latency"], 0.5),
-        "p95_s": pct(acc["latency"], 0.95),
+        "p50_s": percentile(acc["latency"], 0.5),
+        "p95_s": percentile(acc["latency"], 0.95),
         "steps": e["steps"],
         "engine_generated_tokens": e["generated"],
         "prompt_tokens_per_request": acc["prompt_tokens"] / max(1, len(acc["latency"])),
@@ -280,11 +276,11 @@ def main() -> int:
     results: dict[int, dict[str, dict]] = {}
     problems: list[tuple[int, str, dict]] = []
     with tempfile.TemporaryDirectory() as state:
-        node = NodeProcess(
+        node = EdgellmNode(
             Path(state), "--n-threads", str(args.threads), "--n-slots", args.n_slots, "--log-level", "warning"
         ).start()
         try:
-            MODEL["id"] = requests.get(node.base + "/v1/models", timeout=10).json()["data"][0]["id"]
+            MODEL["id"] = node.model_id
             status = requests.get(node.base + "/status", timeout=10).json().get("result", {})
             info = dict(find_keys(status, ("chat_format", "tool_format", "model", "n_slots")))
             print(
@@ -299,14 +295,13 @@ def main() -> int:
             for c in clients:
                 accs = {m: new_acc() for m in MODES}
                 after = totals(settled_stats(node.base))
-                for r in range(rounds):
-                    indices = list(range(r, args.requests, rounds))
-                    for mode in MODES:
-                        before = after
-                        accs[mode]["wall"] += drive(node.base, c, indices, mode, args.max_tokens, accs[mode])
-                        after = totals(settled_stats(node.base))
-                        for k in accs[mode]["engine"]:
-                            accs[mode]["engine"][k] += after[k] - before[k]
+                for turn in turns(MODES, rounds * len(MODES)):  # plain, auto, required, plain, ...
+                    mode, indices = turn.side, list(range(turn.round, args.requests, rounds))
+                    before = after
+                    accs[mode]["wall"] += drive(node.base, c, indices, mode, args.max_tokens, accs[mode])
+                    after = totals(settled_stats(node.base))
+                    for k in accs[mode]["engine"]:
+                        accs[mode]["engine"][k] += after[k] - before[k]
                 results[c] = {m: summary(a, args.requests) for m, a in accs.items()}
                 for m, a in accs.items():
                     problems.extend((c, m, p) for p in a["problems"])
@@ -322,25 +317,45 @@ def main() -> int:
             node.stop()
     total_s = time.perf_counter() - t_start
     print()
-    print(
-        "| clients | mode | tok/s | vs plain | p50 s | p95 s | prompt tok (decoded/reused) | tok/step | "
-        "guide ms/step | step ms | guide share | "
-        "responses with calls | call text in content | valid calls / calls | failed |"
+    table = Table(
+        "clients",
+        "mode",
+        "tok/s",
+        "vs plain",
+        "p50 s",
+        "p95 s",
+        "prompt tok (decoded/reused)",
+        "tok/step",
+        "guide ms/step",
+        "step ms",
+        "guide share",
+        "responses with calls",
+        "call text in content",
+        "valid calls / calls",
+        "failed",
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c, per_mode in results.items():
         plain = per_mode["plain"]["tok_s"]
         for m, s in per_mode.items():
-            ratio = f"{s['tok_s'] / plain:.2f}x" if plain else "-"
-            calls = f"{s['valid_calls']}/{s['calls']}" if m != "plain" else "-"
-            print(
-                f"| {c} | {m} | {s['tok_s']:.1f} | {ratio} | {f2(s['p50_s'])} | {f2(s['p95_s'])} | "
+            table.add(
+                c,
+                m,
+                f"{s['tok_s']:.1f}",
+                times(s["tok_s"], plain) if plain else "-",
+                f2(s["p50_s"]),
+                f2(s["p95_s"]),
                 f"{s['prompt_tokens_per_request']:.0f} ({s['engine_prompt_tokens_decoded']}/"
-                f"{s['engine_prompt_tokens_reused']}) | {f2(s['tokens_per_step'])} | "
-                f"{s['guide_ms_per_step']:.2f} | {s['step_ms_per_step']:.1f} | {100 * s['guide_share']:.1f}% | "
-                f"{s['responses_with_calls']}/{s['requests'] - s['failed']} | {s['call_text_in_content']} | "
-                f"{calls} | {s['failed']} |"
+                f"{s['engine_prompt_tokens_reused']})",
+                f2(s["tokens_per_step"]),
+                f"{s['guide_ms_per_step']:.2f}",
+                f"{s['step_ms_per_step']:.1f}",
+                f"{100 * s['guide_share']:.1f}%",
+                f"{s['responses_with_calls']}/{s['requests'] - s['failed']}",
+                s["call_text_in_content"],
+                f"{s['valid_calls']}/{s['calls']}" if m != "plain" else "-",
+                s["failed"],
             )
+    table.print()
     for c, m, p in problems[: args.show_problems]:
         print(f"\nproblem C={c} {m}: {json.dumps(p)[:3000]}")
     if len(problems) > args.show_problems:
@@ -361,4 +376,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

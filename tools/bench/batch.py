@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Throughput of `edgellm batch-run` against a local node at several concurrencies (same run).
 
-python tools/bench_batch.py [--requests 32] [--max-tokens 128] [--concurrency 1,8]
+python tools/bench/batch.py [--requests 32] [--max-tokens 128] [--concurrency 1,8]
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.nodeproc import NodeProcess  # noqa: E402
+from tools.bench.results import Table  # noqa: E402
+from tools.bench.servers import EdgellmNode, run_main  # noqa: E402
 
 PROMPTS = [
     "Describe a city at night.",
@@ -29,20 +30,19 @@ PROMPTS = [
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrency", default="1,8")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        node = NodeProcess(tmp / "state", "--log-level", "warning").start()
+        node = EdgellmNode(tmp / "node", "--log-level", "warning").start()
         try:
-            model = json.loads(subprocess.check_output(["curl", "-s", node.base + "/v1/models"]))["data"][0]["id"]
             reqs = [
                 {
                     "id": f"r{i}",
-                    "model": model,
+                    "model": node.model_id,
                     "max_tokens": args.max_tokens,
                     "temperature": 0.7,
                     "seed": i,
@@ -52,8 +52,7 @@ def main() -> int:
             ]
             src = tmp / "requests.json"
             src.write_text(json.dumps({"requests": reqs}))
-            print("| concurrency | requests | wall s | requests/s | completion tok/s | failed |")
-            print("|---|---|---|---|---|---|")
+            table = Table("concurrency", "requests", "wall s", "requests/s", "completion tok/s", "failed")
             for c in (int(x) for x in args.concurrency.split(",")):
                 out = tmp / f"results-{c}.jsonl"
                 t0 = time.perf_counter()
@@ -78,11 +77,12 @@ def main() -> int:
                 lines = [json.loads(x) for x in out.read_text().splitlines()]
                 toks = sum(x["response"]["usage"]["completion_tokens"] for x in lines if x["status"] == "ok")
                 failed = sum(x["status"] != "ok" for x in lines)
-                print(f"| {c} | {len(lines)} | {wall:.1f} | {len(lines) / wall:.2f} | {toks / wall:.1f} | {failed} |")
+                table.add(c, len(lines), f"{wall:.1f}", f"{len(lines) / wall:.2f}", f"{toks / wall:.1f}", failed)
+            table.print()  # at the end: batch-run prints a line of its own after each run
         finally:
             node.stop()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

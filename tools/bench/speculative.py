@@ -9,7 +9,7 @@ with every proposal sent (the rule off), interleaved, temperature 0; prints medi
 ratios to no drafts, and the share of draft tokens accepted. The outputs of all three are compared
 too: they must be identical.
 
-    python tools/bench_speculative.py [--max-tokens 160]
+    python tools/bench/speculative.py [--max-tokens 160]
 """
 
 from __future__ import annotations
@@ -20,21 +20,16 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.engine.config import ModelConfig  # noqa: E402
 from edgellm.engine.types import EngineRequest, GuideKind, GuideSpec, SamplingParams  # noqa: E402
 from edgellm.offline import OfflineEngine  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.prompts import REPORT  # noqa: E402
+from tools.bench.results import Table, times, turns  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 
-REPORT = (
-    "Maintenance log, greenhouse 4, 12 March. At 06:10 the operator Maria Lopez found that irrigation valve "
-    "V-3 in row 12 was stuck half open. Soil moisture sensor S-17 read 41 percent, above the 35 percent "
-    "target, and the drip line pressure was 1.8 bar. She closed the manual bypass, replaced the valve "
-    "solenoid (part number SOL-2240) and tested the valve three times. At 07:05 the moisture reading was "
-    "back to 36 percent. Next inspection is due on 19 March. The fan F-2 made a rattling noise and should "
-    "be checked by the electrician, Tom Becker, before the end of the week."
-)
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -76,7 +71,7 @@ def run(engine: OfflineEngine, task: str, mode: str, max_tokens: int, i: int) ->
     """mode: "off" (no drafts), "adaptive" (the cost rule) or "always" (every proposal verified)."""
     content, guide = TASKS[task]
     speculative = mode != "off"
-    engine.scheduler.adaptive_drafts = mode != "always"
+    engine.scheduler.speculation.adaptive_drafts = mode != "always"
     request = EngineRequest(
         f"{task[:8]}-{mode}-{i}",
         [{"role": "user", "content": content}],
@@ -98,33 +93,48 @@ def main() -> int:
     args = p.parse_args()
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     config = ModelConfig(path=args.model, n_ctx=4096, n_slots=1)
-    head = f"{'task':30} {'tok/s off':>10} {'adaptive':>9} {'ratio':>6} {'always':>7} {'ratio':>6}"
-    print(f"{head} {'accepted (adaptive / always)':>29} {'same text':>10}")
+    table = Table(
+        "task",
+        "tok/s off",
+        "adaptive",
+        "ratio",
+        "always",
+        "ratio",
+        "accepted (adaptive / always)",
+        "same text",
+        stream=True,
+    )
     with OfflineEngine(config) as engine:
         run(engine, "free-form (nothing to copy)", "adaptive", 8, -1)  # warm-up
         stats = engine.scheduler.stats
         print("decode cost (ms by tokens):", engine.scheduler.decode_cost.table())
+        modes = ("off", "adaptive", "always")  # "off" first: the baseline
         for task in TASKS:
-            rates: dict[str, list[float]] = {"off": [], "adaptive": [], "always": []}
+            rates: dict[str, list[float]] = {mode: [] for mode in modes}
             shares = {"adaptive": [0, 0], "always": [0, 0]}
             texts = set()
-            for i in range(args.runs):  # interleaved: drift on a noisy machine hits all sides alike
-                for mode in rates:
-                    drafted0, accepted0 = stats.drafted_tokens, stats.accepted_tokens
-                    rate, text = run(engine, task, mode, args.max_tokens, i)
-                    rates[mode].append(rate)
-                    texts.add(text)
-                    if mode in shares:
-                        shares[mode][0] += stats.accepted_tokens - accepted0
-                        shares[mode][1] += stats.drafted_tokens - drafted0
-            off, adaptive, always = (statistics.median(rates[m]) for m in ("off", "adaptive", "always"))
+            for turn in turns(modes, args.runs * len(modes)):
+                drafted0, accepted0 = stats.drafted_tokens, stats.accepted_tokens
+                rate, text = run(engine, task, turn.side, args.max_tokens, turn.round)
+                rates[turn.side].append(rate)
+                texts.add(text)
+                if turn.side in shares:
+                    shares[turn.side][0] += stats.accepted_tokens - accepted0
+                    shares[turn.side][1] += stats.drafted_tokens - drafted0
+            off, adaptive, always = (statistics.median(rates[m]) for m in modes)
             accepted = " / ".join(f"{a}/{d}" if d else "-" for a, d in shares.values())
-            print(
-                f"{task:30} {off:10.1f} {adaptive:9.1f} {adaptive / off:5.2f}x {always:7.1f} {always / off:5.2f}x "
-                f"{accepted:>29} {str(len(texts) == 1):>10}"
+            table.add(
+                task,
+                f"{off:.1f}",
+                f"{adaptive:.1f}",
+                times(adaptive, off),
+                f"{always:.1f}",
+                times(always, off),
+                accepted,
+                len(texts) == 1,
             )
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -40,7 +40,7 @@ refusals grouped by message, and every other answer that is not valid (with its 
 writes one JSON line per schema and server to --out (default: bench_schemas.jsonl in the temp folder). The
 schemas run in the sample's order: a smaller --n with the same seed runs the first of a larger one's.
 
-    flock /tmp/edgellm-cpu.lock .venv/bin/python tools/bench_schemas.py [--n 60] [--seed 0] [--strict]
+    flock /tmp/edgellm-cpu.lock .venv/bin/python tools/bench/schemas.py [--n 60] [--seed 0] [--strict]
         [--llama-server [PATH]] [--max-tokens 384] [--slot-ctx 8192] [--out results.jsonl]
 
 llama-server is built once from the pinned llama-cpp-python's sdist with the engine's flags
@@ -51,12 +51,9 @@ Run it on a quiet machine (on a shared one: flock /tmp/edgellm-cpu.lock ...).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import random
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,17 +65,17 @@ import jsonschema
 import referencing
 import referencing.exceptions
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tools.bench_vs_llama_server import (  # noqa: E402
+from tools.bench.results import Table, percentile  # noqa: E402
+from tools.bench.servers import (  # noqa: E402
     ABORT,
-    BUILD_SCRIPT,
+    EdgellmNode,
+    LlamaServer,
     Server,
-    edgellm_server,
-    llama_server,
+    llama_binaries,
     model_and_env,
-    on_signal,
     run_main,
     stop_all,
 )
@@ -281,33 +278,28 @@ def run_one(server: Server, http: httpx.Client, path: Path, schema: dict, checke
 
 
 # -- report ---------------------------------------------------------------------------------------
-def pct(values: list[float], p: float) -> float | None:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(p * len(v)))] if v else None
-
-
 def table(rows: list[dict], names: list[str]) -> str:
-    head = ["server", "schemas", *(LABELS.get(c, c) for c in CLASSES), "valid / prompt fits", "p50 s", "p95 s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    counted = Table("server", "schemas", *(LABELS.get(c, c) for c in CLASSES), "valid / prompt fits", "p50 s", "p95 s")
+    lines = []
     for name in names:
         mine = [r for r in rows if r["server"] == name]
         counts = Counter(r["class"] for r in mine)
         fits = len(mine) - counts["no fit"]
         share = f"{counts['valid']}/{fits} = {100 * counts['valid'] / fits:.0f}%" if fits else "-"
         lat = [r["latency_s"] for r in mine if r.get("status") == 200]
-        p50, p95 = pct(lat, 0.5), pct(lat, 0.95)
+        p50, p95 = percentile(lat, 0.5), percentile(lat, 0.95)
         cells = [name, str(len(mine)), *(str(counts[c]) for c in CLASSES), share]
         cells += ["-" if p50 is None else f"{p50:.1f}", "-" if p95 is None else f"{p95:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        counted.add(*cells)
     if len(names) > 1:  # latency on the same schemas: those every server answered with a 200
         answered = [{r["schema"] for r in rows if r["server"] == n and r.get("status") == 200} for n in names]
         common = set.intersection(*answered)
         each = []
         for name in names:
             lat = [r["latency_s"] for r in rows if r["server"] == name and r["schema"] in common]
-            each.append(f"{name} p50 {pct(lat, 0.5) or 0:.1f} s, p95 {pct(lat, 0.95) or 0:.1f} s")
+            each.append(f"{name} p50 {percentile(lat, 0.5) or 0:.1f} s, p95 {percentile(lat, 0.95) or 0:.1f} s")
         lines.append(f"\nOn the {len(common)} schemas that every server answered with a 200: {'; '.join(each)}.")
-    return "\n".join(lines)
+    return "\n".join([str(counted), *lines])
 
 
 def details(rows: list[dict], names: list[str]) -> str:
@@ -326,14 +318,6 @@ def details(rows: list[dict], names: list[str]) -> str:
 
 
 # -- servers --------------------------------------------------------------------------------------
-def llama_server_binary(arg: str) -> Path:
-    if arg != "build":
-        return Path(arg).resolve()
-    print(f"llama-server: {BUILD_SCRIPT.name} (builds once, 10-30 min on 2 cores, niced)", flush=True)
-    out = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True).stdout
-    return Path(out.strip().splitlines()[-1]) / "bin" / "llama-server"
-
-
 def engine_health(server: Server) -> dict:
     """edgellm's engine worker (pid, restarts) from /health; {} from a server that does not say."""
     try:
@@ -345,8 +329,7 @@ def engine_health(server: Server) -> dict:
 
 
 def warm_up(server: Server) -> None:
-    body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-    httpx.post(server.base + "/v1/chat/completions", json=body, timeout=120).raise_for_status()
+    server.chat({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}, timeout=120).raise_for_status()
 
 
 def main() -> int:
@@ -378,12 +361,9 @@ def main() -> int:
     paths = sample_schemas(args.n, args.seed)
     schemas = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
     checkers = [Checker(p, s) for p, s in zip(paths, schemas, strict=True)]
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    atexit.register(stop_all)
-    llama_bin = llama_server_binary(args.llama_server) if args.llama_server else None
+    llama_bin = None
+    if args.llama_server:  # "build" (the flag alone): the build script's binary
+        llama_bin = llama_binaries(None if args.llama_server == "build" else args.llama_server)[0]
     n_ctx = SLOTS * args.slot_ctx
     print(
         f"model {Path(model).name}; {len(paths)} schemas (seed {args.seed}) of {len(list(CORPUS.glob('*/*.json')))}; "
@@ -395,9 +375,9 @@ def main() -> int:
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-schemas-") as tmp:
         tmpdir = Path(tmp)
-        servers = [edgellm_server(model, THREADS, SLOTS, n_ctx, extra_env, tmpdir)]
-        if llama_bin:
-            servers.append(llama_server(llama_bin, model, THREADS, SLOTS, n_ctx, args.llama_server_arg, tmpdir))
+        servers: list[Server] = [EdgellmNode.sized(tmpdir, model, THREADS, SLOTS, n_ctx, extra_env)]
+        if llama_bin:  # one slot: its KV layout (a share or the pool) is the same cells
+            servers.append(LlamaServer(llama_bin, model, THREADS, SLOTS, n_ctx, False, args.llama_server_arg, tmpdir))
         names = [s.name for s in servers]
         try:
             for server in servers:  # started one at a time, the other paused
@@ -414,11 +394,8 @@ def main() -> int:
                     for server in order:
                         if ABORT.is_set():
                             raise KeyboardInterrupt("aborted")
-                        if server.paused:
-                            server.resume()
-                        row = run_one(server, http, path, schema, checker, args)
-                        if len(servers) > 1:
-                            server.pause()
+                        with server.turn(pause_after=len(servers) > 1):
+                            row = run_one(server, http, path, schema, checker, args)
                         rows.append(row)
                         what = row.get("problem") or row.get("error") or ""
                         print(

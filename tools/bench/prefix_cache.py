@@ -13,7 +13,7 @@ Each restarted engine runs its start-up self-test first, as the node's worker do
 requests (the prefix files found at start are checksummed in the background meanwhile).
 Prints the median TTFT of each and the ratios restored / warm (goal <= 1.5) and cold / warm.
 
-    python tools/bench_prefix_cache.py [--runs 5] [--system-tokens 1000]
+    python tools/bench/prefix_cache.py [--runs 5] [--system-tokens 1000]
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.engine.config import ModelConfig  # noqa: E402
 from edgellm.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from edgellm.offline import OfflineEngine  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.results import Table, times  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 
 
 def system_prompt(model, tokens: int) -> str:
@@ -85,13 +87,14 @@ def main() -> int:
             cold.append(ttft_ms(engine, f"cold{i}", system, f"Who is told about sensor S-{i}?"))
     w, r, c = (statistics.median(t for t, _ in xs) for xs in (warm, restored, cold))
     print(f"system prompt: {n_system} tokens; prefix files: {files['entries']} ({files['bytes'] / 2**20:.1f} MiB)")
-    print(f"{'case':34} {'TTFT ms (median)':>17} {'prompt tokens reused':>21}")
-    print(f"{'warm (the slot cache)':34} {w:17.1f} {warm[0][1]:21}")
-    print(f"{'after a restart, prefix file':34} {r:17.1f} {restored[0][1]:21}")
-    print(f"{'after a restart, no file (cold)':34} {c:17.1f} {cold[0][1]:21}")
-    print(f"restored / warm {r / w:.2f}x (goal <= 1.5x); cold / warm {c / w:.2f}x; cold / restored {c / r:.2f}x")
+    table = Table("case", "TTFT ms (median)", "prompt tokens reused")
+    table.add("warm (the slot cache)", f"{w:.1f}", warm[0][1])
+    table.add("after a restart, prefix file", f"{r:.1f}", restored[0][1])
+    table.add("after a restart, no file (cold)", f"{c:.1f}", cold[0][1])
+    table.print()
+    print(f"restored / warm {times(r, w)} (goal <= 1.5x); cold / warm {times(c, w)}; cold / restored {times(c, r)}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -6,7 +6,7 @@ json_object) at temperature 0.2, max_tokens 200 and 64, for 20 seeds, on the in-
 the steering off (what the engine did until now: the object is cut at max_tokens and the request fails),
 "after" is the default. Also reports how many outputs were steered (truncated_structure) and the mean tokens.
 
-    python tools/bench_json_closing.py [--seeds 20]
+    python tools/bench/json_closing.py [--seeds 20]
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.engine.config import ModelConfig  # noqa: E402
 from edgellm.engine.types import EngineRequest, GuideKind, GuideSpec, SamplingParams  # noqa: E402
 from edgellm.offline import OfflineEngine  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.results import Table  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "Return a JSON object only."},
@@ -43,7 +45,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=20)
     args = p.parse_args()
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    print(f"{'max_tokens':>10} {'steering':>9} {'parse':>7} {'steered':>8} {'mean tokens':>12}")
+    table = Table("max_tokens", "steering", "parse", "steered", "mean tokens", stream=True)
     with OfflineEngine(ModelConfig(path=args.model, n_ctx=4096, n_slots=4)) as engine:
         for max_tokens in (200, 64):
             for steer in (False, True):
@@ -63,9 +65,9 @@ def main() -> int:
                 steered = sum(1 for o in outs if o.truncated_structure)
                 mean = sum(o.completion_tokens for o in outs) / len(outs)
                 label = "after" if steer else "before"
-                print(f"{max_tokens:>10} {label:>9} {ok:>3}/{len(outs):<3} {steered:>8} {mean:12.1f}")
+                table.add(max_tokens, label, f"{ok}/{len(outs)}", steered, f"{mean:.1f}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -5,7 +5,7 @@ console on an idle node (API process + engine worker + the browser, same run, sa
 Starts a node (bundled model), measures the node's CPU over --seconds with no page open (baseline),
 then again with the console open in headless Chromium on the Status tab (it refreshes once a second).
 
-    python tools/bench_console.py [--seconds 30]
+    python tools/bench/console.py [--seconds 30]
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.nodeproc import NodeProcess  # noqa: E402
+from tools.bench.servers import EdgellmNode, run_main  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -31,16 +31,15 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / TICK
 
 
-def node_cpu(node: NodeProcess) -> float:
+def node_cpu(node: EdgellmNode) -> float:
     pids = [node.proc.pid]
-    with node.client() as c:
-        worker = c.get("/health").json()["result"]["engine"].get("worker_pid")
+    worker = node.engine().get("worker_pid")
     if worker:
         pids.append(worker)
     return sum(cpu_seconds(p) for p in pids)
 
 
-def measure(node: NodeProcess, seconds: float, wait=time.sleep) -> float:
+def measure(node: EdgellmNode, seconds: float, wait=time.sleep) -> float:
     """The node's CPU (% of one core) over `seconds`; `wait` sleeps (a page's, so its events are handled)."""
     start, t0 = node_cpu(node), time.monotonic()
     wait(seconds)
@@ -54,7 +53,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as state:
-        node = NodeProcess(Path(state)).start()
+        node = EdgellmNode(Path(state)).start()
         try:
             time.sleep(3)  # the warm-up request and first pings settle
             idle = measure(node, args.seconds)
@@ -99,4 +98,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

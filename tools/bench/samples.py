@@ -7,7 +7,7 @@ length, the prompt tokens decoded (the n-request decodes the prompt once, plus o
 sample), the wall time, total completion tokens per second and the ratio. Runs alternate (noise
 hits both sides alike); the median of --runs is reported.
 
-    python tools/bench_samples.py [--n 8] [--max-tokens 64] [--runs 3]
+    python tools/bench/samples.py [--n 8] [--max-tokens 64] [--runs 3]
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.engine.config import ModelConfig  # noqa: E402
 from edgellm.engine.types import EngineRequest, SamplingParams  # noqa: E402
 from edgellm.offline import OfflineEngine  # noqa: E402
-from edgellm.runtime.settings import bundled_model_path  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_speculative import REPORT  # noqa: E402  (the same maintenance log as the speculation bench)
+from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
+from tools.bench.prompts import REPORT  # noqa: E402  (the same maintenance log as the speculation bench)
+from tools.bench.results import Table, times, turns  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 
 PROMPTS = {
     "short question": "Suggest a name for a greenhouse robot.",
@@ -61,26 +61,21 @@ def main() -> int:
     args = p.parse_args()
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     config = ModelConfig(path=args.model, n_ctx=2048 * args.n, n_slots=args.n)
-    print(
-        f"n = {args.n}, {args.max_tokens} tokens each\n"
-        f"{'prompt':22} {'tokens':>6} {'decoded sep.':>12} {'decoded n':>9} "
-        f"{'tok/s sep.':>10} {'tok/s n':>8} {'ratio':>6}"
-    )
+    print(f"n = {args.n}, {args.max_tokens} tokens each", flush=True)
+    table = Table("prompt", "tokens", "decoded sep.", "decoded n", "tok/s sep.", "tok/s n", "ratio", stream=True)
     with OfflineEngine(config) as engine:
         run(engine, PROMPTS["short question"], 2, True, 4, "warm")
         for name, prompt in PROMPTS.items():
-            separate, together = [], []
-            for i in range(args.runs):
-                separate.append(run(engine, prompt, args.n, False, args.max_tokens, f"{name[:5]}-s{i}"))
-                together.append(run(engine, prompt, args.n, True, args.max_tokens, f"{name[:5]}-t{i}"))
+            measured: dict[bool, list] = {False: [], True: []}  # separate requests, then one with n
+            for turn in turns((False, True), 2 * args.runs):
+                tag = f"{name[:5]}-{'t' if turn.side else 's'}{turn.round}"
+                measured[turn.side].append(run(engine, prompt, args.n, turn.side, args.max_tokens, tag))
+            separate, together = measured[False], measured[True]
             a = statistics.median(r[0] for r in separate)
             b = statistics.median(r[0] for r in together)
-            print(
-                f"{name:22} {separate[0][3]:6d} {separate[0][1]:12d} {together[0][1]:9d} "
-                f"{a:10.1f} {b:8.1f} {b / a:5.2f}x"
-            )
+            table.add(name, separate[0][3], separate[0][1], together[0][1], f"{a:.1f}", f"{b:.1f}", times(b, a))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)
