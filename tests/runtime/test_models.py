@@ -178,7 +178,7 @@ def test_a_busy_model_is_not_starved_and_the_other_waits_no_longer_than_the_swit
 
             with ThreadPoolExecutor(2) as pool:
                 beta = pool.submit(timed, "beta")
-                time.sleep(0.5)
+                wait_until(lambda: _waiting(node, "beta") >= 1, 60, "beta's request to wait for its model")
                 alpha = timed("alpha")  # sent after beta's, served by the loaded model meanwhile
                 answer = beta.result(timeout=120)
             assert alpha.status_code == 200 and alpha.json()["model"] == "alpha"
@@ -188,6 +188,12 @@ def test_a_busy_model_is_not_starved_and_the_other_waits_no_longer_than_the_swit
             assert done["status"] == "completed", done
     finally:
         node.stop()
+
+
+def _waiting(node: NodeProcess, model: str) -> int:
+    """How many requests for `model` wait for it to be loaded (/health's view of each model)."""
+    models = httpx.get(node.base + "/health", timeout=10).json()["result"]["engine"]["models"]
+    return next(m["waiting"] for m in models if m["id"] == model)
 
 
 def test_idle_unload_returns_the_worker_and_the_next_request_loads_it_again(tmp_path, model_path):

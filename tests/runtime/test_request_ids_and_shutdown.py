@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import chat
-from tests.nodeproc import NodeProcess, long_sync_request_in_flight
+from tests.nodeproc import NodeProcess, long_sync_request_in_flight, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +18,10 @@ def two_token_node(tmp_path_factory):
     proc = NodeProcess(tmp_path_factory.mktemp("ids"), env={"INFERENCE_API_TOKEN": "tok-a,tok-b"}).start()
     yield proc
     proc.stop()
+
+
+# uvicorn's line once the listening socket is closed and connections are still open (uvicorn/server.py).
+DRAINING_LINE = "Waiting for connections to close"
 
 
 def _done(c: httpx.Client, rid: str) -> dict:
@@ -69,8 +73,15 @@ def test_a_sync_request_cut_by_sigterm_is_told_it_will_not_run_and_its_record_sa
     node = NodeProcess(tmp_path, env={"EDGELLM_SHUTDOWN_GRACE_S": "1"}).start()
     try:
         caller, answer = long_sync_request_in_flight(node)
+        logged = node.log_path.stat().st_size
         node.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)  # within the grace period: the listening socket is closed, as the README says
+        # uvicorn logs this once it has closed the listening socket, while a connection (the request
+        # above) is still open: the node is in its shutdown, and the grace period has not ended it.
+        wait_until(
+            lambda: DRAINING_LINE in node.log_path.read_bytes()[logged:].decode(errors="replace"),
+            30,
+            "the node to close its listening socket and wait for the open connection",
+        )
         with pytest.raises(httpx.ConnectError):
             httpx.get(node.base + "/health", timeout=5)
         caller.join(30)

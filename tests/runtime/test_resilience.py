@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
+from contextlib import closing
 
 import pytest
 
 from tests.conftest import chat
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, engine_report, wait_generating, wait_until
 from tests.runtime.test_http_api import poll
 
 # Banning both end tokens makes generation run exactly max_tokens: long enough to be interrupted.
@@ -20,10 +22,11 @@ def test_worker_killed_mid_request_is_restarted_and_request_completes(tmp_path):
     node = NodeProcess(tmp_path).start()
     try:
         with node.client() as c:
+            before = engine_report(node)
             rid = c.post("/predict_async", json=chat("Tell me a long story.", max_tokens=900, **LONG)).json()["result"][
                 "request_id"
             ]
-            time.sleep(1.5)  # generating now
+            wait_generating(node, before)  # the worker is decoding it: killed mid-request
             old_pid = node.worker_pid()
             os.kill(old_pid, signal.SIGKILL)
             done = poll(c, rid, timeout=180, return_full="true")
@@ -63,13 +66,18 @@ def test_finished_requests_are_evicted_after_the_ttl(tmp_path):
     try:
         with node.client() as c:
             rid = c.post("/predict_async", json=chat(max_tokens=16)).json()["result"]["request_id"]
-            assert poll(c, rid)["status"] == "completed"
-            time.sleep(3.5)  # TTL 2 s; the evictor runs every ttl/4 s (at least 1 s)
-            assert c.get("/request_status", params={"request_id": rid}).status_code == 404
-        import sqlite3
+            done = poll(c, rid, return_full="true")
+            assert done["status"] == "completed"
+            assert done["expires_at"] == pytest.approx(done["finished_at"] + 2, abs=1e-3)  # the TTL, from the finish
 
-        db = sqlite3.connect(tmp_path / "requests.sqlite3")
-        assert db.execute("SELECT COUNT(*) FROM requests WHERE request_id=?", (rid,)).fetchone()[0] == 0
+            def stored() -> int:
+                with closing(sqlite3.connect(tmp_path / "requests.sqlite3")) as db:
+                    return db.execute("SELECT COUNT(*) FROM requests WHERE request_id=?", (rid,)).fetchone()[0]
+
+            # The evictor (every ttl/4 s, at least 1 s) deletes the row once it has expired.
+            wait_until(lambda: stored() == 0, 30, "the evictor to delete the expired record")
+            assert c.get("/request_status", params={"request_id": rid}).status_code == 404
+            assert time.time() >= done["expires_at"]  # evicted after its TTL, not before
     finally:
         node.stop()
 
@@ -119,11 +127,15 @@ def test_a_stopped_and_continued_node_keeps_its_worker_and_a_stopped_worker_alon
     try:
         with node.client() as c:
             body = chat("Tell me a long story.", max_tokens=300, **LONG)
+            before = engine_report(node)
             rid = c.post("/predict_async", json=body).json()["result"]["request_id"]
-            time.sleep(1.0)  # generating now
+            wait_generating(node, before)
             worker = node.worker_pid()
             os.killpg(node.proc.pid, signal.SIGSTOP)  # the node and its worker: one process group
-            time.sleep(7.0)  # over twice the hang timeout
+            wait_until(lambda: _stopped(node.proc.pid) and _stopped(worker), 30, "the node and its worker to stop")
+            # Not a synchronisation: the stop's length is the stimulus under test (over twice the hang
+            # timeout). Nothing in the group runs meanwhile, so there is nothing to poll.
+            time.sleep(7.0)
             os.killpg(node.proc.pid, signal.SIGCONT)
             done = poll(c, rid, timeout=180, return_full="true")
             assert done["status"] == "completed" and done["attempts"] == 1, done
@@ -131,8 +143,12 @@ def test_a_stopped_and_continued_node_keeps_its_worker_and_a_stopped_worker_alon
             health = c.get("/health").json()["result"]["engine"]
             assert health["restarts"] == 0 and health["worker_pid"] == worker, health
 
+            # A report from after the first request (the engine idle) is the baseline of the second's.
+            idle = wait_until(
+                lambda: (r := engine_report(node)).get("slots_busy") == 0 and r, 30, "the engine to report idle"
+            )
             rid = c.post("/predict_async", json=body).json()["result"]["request_id"]
-            time.sleep(1.0)
+            wait_generating(node, idle)
             os.kill(worker, signal.SIGSTOP)  # the worker alone: it is hung for the node
             done = poll(c, rid, timeout=180, return_full="true")
             assert done["status"] == "completed" and done["attempts"] == 2, done
@@ -141,3 +157,9 @@ def test_a_stopped_and_continued_node_keeps_its_worker_and_a_stopped_worker_alon
             assert "did not answer a ping for 3 s" in node.log_path.read_text(errors="replace")
     finally:
         node.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped by a signal (its /proc state is T)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"

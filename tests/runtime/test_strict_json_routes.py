@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, wait_until
 
 JSON = {"content-type": "application/json"}
 POST_ROUTES = (
@@ -32,6 +33,26 @@ def node(tmp_path_factory):
 
 def _full_log(node: NodeProcess) -> str:
     return node.log_path.read_text(errors="replace")
+
+
+def _queues(local_port: int, remote_port: int) -> tuple[int, int] | None:
+    """(send queue, receive queue) in bytes of the loopback TCP socket local_port -> remote_port
+    (/proc/net/tcp: a send queue is what the peer has not acknowledged, a receive queue what the
+    process has not read); None when there is no such socket."""
+    local, remote = f"0100007F:{local_port:04X}", f"0100007F:{remote_port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[2] == remote:
+            tx, rx = fields[4].split(":")
+            return int(tx, 16), int(rx, 16)
+    return None
+
+
+def _node_has_read_all(node: NodeProcess, sock: socket.socket) -> bool:
+    """Everything sent on `sock` reached the node's socket (acknowledged) and the node read it."""
+    mine, theirs = sock.getsockname()[1], node.port
+    sent, received = _queues(mine, theirs), _queues(theirs, mine)
+    return sent is not None and sent[0] == 0 and received is not None and received[1] == 0
 
 
 @pytest.mark.slow
@@ -69,7 +90,8 @@ def test_a_client_hanging_up_mid_body_is_one_info_line(node):
             "Content-Length: 500\r\n\r\n".encode()
             + b'{"messages":'  # 12 of the 500 bytes
         )
-        time.sleep(0.2)  # the route is reading the body when the connection goes
+        # The node took the head and the start of the body in: the request is the route's, mid-body.
+        wait_until(lambda s=sock: _node_has_read_all(node, s), 30, f"the node to read what was sent to {path}")
         sock.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -79,6 +101,8 @@ def test_a_client_hanging_up_mid_body_is_one_info_line(node):
         time.sleep(0.2)
     lines = [ln for ln in new.splitlines() if ln.strip()]
     assert sum(DISCONNECT_LINE in ln for ln in lines) == len(POST_ROUTES), new[-3000:]
+    for path in POST_ROUTES:  # one line for each route, naming it
+        assert sum(f"{DISCONNECT_LINE} on POST {path} (" in ln for ln in lines) == 1, (path, new[-3000:])
     assert "Traceback" not in new and "ClientDisconnect" not in new, new[-3000:]
     # Nothing else per disconnect: at most one line each besides ours (an access-log line, if any).
     assert len(lines) <= 2 * len(POST_ROUTES), new[-3000:]
