@@ -8,7 +8,7 @@ that feeds requests as the queue has room, sleeps while prompts are still being 
 what is decoding is written once, here.
 
 LoRA adapters need nothing at build time: the scheduler loads each on the first request that names
-it (engine/lora.py's AdapterCache) and frees them in `close()`.
+it (engine/lora_adapters.py's AdapterCache, held by engine/admission.py) and frees them in `close()`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class EngineCore:
         """The board's cumulative joules (runtime/energy.EnergyMeter.joules): from now on each request's
         final timings carry its share (energy_j, joules_per_token). None: no energy fields."""
         self.energy = joules
-        self.scheduler.energy = joules
+        self.scheduler.energy.meter = joules
 
     def _new_scheduler(self) -> Scheduler:
         """The scheduler, with the configured projector attached (the scheduler closes it with itself)."""
@@ -137,7 +137,7 @@ class EngineCore:
         self.scheduler.close()
         self.scheduler = self._new_scheduler()
         self.scheduler.decode_cost = cost
-        self.scheduler.energy = self.energy
+        self.scheduler.energy.meter = self.energy
         self.scheduler.set_wake(self.wake)
         self.scheduler.build_guide_tokenizer()
 
@@ -150,7 +150,7 @@ class EngineCore:
         self.scheduler.abort(request_id)
 
     def has_room(self) -> bool:
-        return len(self.scheduler.waiting) < self.scheduler.max_waiting
+        return len(self.scheduler.admission.waiting) < self.scheduler.admission.max_waiting
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -214,11 +214,13 @@ class EngineCore:
     def decoding(self) -> tuple[str, ...]:
         """The request ids the next step decodes, as far as can be told before it runs: those in a slot,
         then the prepared ones waiting that the idle slots admit (first come, first served, as
-        Scheduler._admit does; a LoRA switch or a sample of an n > 1 request can make it admit fewer)."""
-        slots = self.scheduler.slots
+        Admission.admit does; a LoRA switch or a sample of an n > 1 request can make it admit fewer)."""
+        slots = self.scheduler.kv.slots
         busy = [s.request_id for s in slots if s.state is not SlotState.IDLE]
         idle = len(slots) - len(busy)
-        ready = (p.request.request_id for p in self.scheduler.waiting if p.ready and p.future.exception() is None)
+        ready = (
+            p.request.request_id for p in self.scheduler.admission.waiting if p.ready and p.future.exception() is None
+        )
         return tuple(dict.fromkeys([*busy, *islice(ready, idle)]))
 
     # -- memory pressure ---------------------------------------------------------------------
@@ -238,7 +240,7 @@ class EngineCore:
             tasks.embedder.close()
             tasks.embedder = None  # Tasks._run makes a new one for the next embedding batch
             freed.append(f"embedding context freed ({n_ctx} tokens)")
-        adapters = self.scheduler._adapters  # None until a request named an adapter
+        adapters = self.scheduler.admission.adapters  # None until a request named an adapter
         if adapters is not None and (n := adapters.drop_unused()):
             freed.append(f"{_count(n, 'idle LoRA adapter')} freed")
         if n := clear_grammar_caches():
@@ -273,12 +275,12 @@ class EngineCore:
         return self.info
 
     def _self_test(self) -> None:
-        test = SelfTest(self.model, self.scheduler.max_waiting)
+        test = SelfTest(self.model, self.scheduler.admission.max_waiting)
         for request in test.requests:
             test.refused(self.add(request))
         # All prepared before the first step, so that the first step prefills them in one batch.
         self.scheduler.wait_all_prepared(60.0)
-        self.run_until_idle(on_output=test.on_output, after_step=lambda: test.after_step(self.scheduler.slots))
+        self.run_until_idle(on_output=test.on_output, after_step=lambda: test.after_step(self.scheduler.kv.slots))
         result = test.result()
         self.warmup_ms, self.self_test = result.ms, result.as_dict()
         if self.start_record is not None:

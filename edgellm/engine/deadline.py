@@ -7,7 +7,7 @@ refuses it (429 deadline_unmet, the estimate and a Retry-After) when that is pas
 
 The estimate is a small list schedule of the slots over the work that goes before the request:
 - running requests of its lane or a higher one keep their slots for the rest of their answers (a lower
-  lane's are preempted for it: engine/scheduler.py `_make_way`);
+  lane's are preempted for it: engine/kv_slots.py `make_way`);
 - waiting and paused requests of a higher lane, or of its own that came first, then take slots as they
   free, each for its prompt and its answer;
 - an answer is as long as answers have been here (a running average), capped by its max_tokens; a step

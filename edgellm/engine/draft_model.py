@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 import llama_cpp as L
 import numpy as np
 
-from edgellm.engine.model import Vocabulary, _ensure_backend, can_drop_suffix, free_llama, load_offloaded, pool_context
+from edgellm.engine.llama_load import can_drop_suffix, ensure_backend, free_llama, load_offloaded, pool_context
 from edgellm.engine.sampler import apply_penalties, sample_row
 from edgellm.engine.types import SamplingParams
+from edgellm.engine.vocabulary import Vocabulary
 from edgellm.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class DraftModel(Vocabulary):
             raise EngineError(f"draft model file not found: {path}")
         if n_slots < 1 or n_ctx < 1 or n_batch < 1:
             raise EngineError(f"draft model: n_slots, n_ctx and n_batch must be >= 1 ({n_slots}, {n_ctx}, {n_batch})")
-        _ensure_backend()
+        ensure_backend()
         self.path = path
         self.name = os.path.basename(path)
         self.n_slots = n_slots

@@ -19,7 +19,8 @@ import logging
 import llama_cpp as L
 import numpy as np
 
-from edgellm.engine.model import Vocabulary, _ensure_backend, _load_model
+from edgellm.engine.llama_load import ensure_backend, load_model
+from edgellm.engine.vocabulary import Vocabulary
 from edgellm.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ class EmbeddingModel(Vocabulary):
     the generation model and freed with the engine; its own tokenizer and pooling."""
 
     def __init__(self, path: str, *, n_gpu_layers: int):
-        _ensure_backend()
-        self.model = _load_model(path, max(0, n_gpu_layers) if L.llama_supports_gpu_offload() else 0)
+        ensure_backend()
+        self.model = load_model(path, max(0, n_gpu_layers) if L.llama_supports_gpu_offload() else 0)
         self._init_vocab()
         self.name = path
 

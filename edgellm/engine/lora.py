@@ -1,13 +1,16 @@
-"""LoRA adapters: which files may be used, PEFT safetensors made into GGUF adapters, and llama.cpp's adapter API.
+"""LoRA adapters, PEFT safetensors made into GGUF adapters llama.cpp can load (no torch).
 
-An adapter reaches the engine as a path (TensorRT-Edge-LLM's batch JSON `available_lora_weights`). Three steps:
+An adapter reaches the engine as a path (TensorRT-Edge-LLM's batch JSON `available_lora_weights`). Three steps,
+a module each:
 
-1. `resolve_adapter_path` decides whether the path may be used at all: relative to the input file's folder,
-   symlinks resolved, inside one of the operator's allowed directories, an existing file (or a PEFT folder).
-2. `gguf_adapter` gives llama.cpp a file it can load: a GGUF LoRA adapter is checked against the model and
-   used as is; PEFT's `adapter_model.safetensors` + `adapter_config.json` is converted with numpy and the
-   `gguf` package (no torch) into a cache folder, once per (adapter bytes, config, model shape).
-3. `load_adapter` / `apply_adapters` / `free_adapter` (and `AdapterCache` over them) drive llama.cpp.
+1. `resolve_adapter_path` (engine/lora_paths.py) decides whether the path may be used at all: relative to the
+   input file's folder, symlinks resolved, inside one of the operator's allowed directories, an existing file
+   (or a PEFT folder).
+2. `gguf_adapter` (this module) gives llama.cpp a file it can load: a GGUF LoRA adapter is checked against the
+   model and used as is; PEFT's `adapter_model.safetensors` + `adapter_config.json` is converted with numpy and
+   the `gguf` package (no torch) into a cache folder, once per (adapter bytes, config, model shape).
+3. `load_adapter` / `apply_adapters` / `free_adapter` (and `AdapterCache` over them, engine/lora_adapters.py)
+   drive llama.cpp.
 
 Steps 1 and 2 never import llama_cpp (the API process must not); step 3 imports it when called.
 
@@ -22,7 +25,6 @@ Conversion rules, as llama.cpp's own HF -> GGUF conversion lays the base weights
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import json
@@ -30,18 +32,17 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgellm.engine.gguf_header import read_header
+from edgellm.engine.lora_paths import PEFT_CONFIG
 from edgellm.engine.shape import ModelShape
-from edgellm.errors import EngineError, LoraError
+from edgellm.errors import LoraError
 
-PEFT_WEIGHTS = "adapter_model.safetensors"
-PEFT_CONFIG = "adapter_config.json"
 # Part of every cache key: a change to the conversion must not reuse files the previous one wrote.
 CONVERTER_VERSION = "edgellm-lora-1"
 
@@ -53,59 +54,6 @@ ROPE_UNPERMUTED_ARCHS = frozenset({"qwen2", "qwen2moe", "qwen3", "qwen3moe", "ge
 _PEFT_PREFIX = "base_model.model."
 _LORA_SUFFIXES = {".lora_A.weight": "lora_a", ".lora_B.weight": "lora_b"}
 _FLOAT_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
-
-
-# -- which path ------------------------------------------------------------------------------------
-
-
-def _inside(path: Path, dirs: Sequence[Path]) -> bool:
-    return any(path == d or path.is_relative_to(d) for d in dirs)
-
-
-def _dirs_text(dirs: Sequence[Path]) -> str:
-    return ", ".join(str(d) for d in dirs) if dirs else "none configured"
-
-
-def resolve_adapter_path(path: str, allowed_dirs: Sequence[str | Path], *, base_dir: Path | None = None) -> Path:
-    """The real path of an adapter file the operator allows, or LoraError saying why not.
-
-    A relative path is taken from `base_dir` (the input file's folder; the working directory if None). Symlinks
-    and `..` are resolved before the check, so a link inside an allowed directory that points outside is refused.
-    A directory holding PEFT's adapter_model.safetensors and adapter_config.json means that adapter.
-    """
-    if not isinstance(path, str) or not path.strip():
-        raise LoraError("LoRA adapter path is empty")
-    allowed = [Path(os.path.realpath(d)) for d in allowed_dirs]
-    joined = Path(path) if os.path.isabs(path) else (base_dir or Path.cwd()) / path
-    real = Path(os.path.realpath(joined))
-    shown = f"{path!r}" if real == Path(path) else f"{path!r} (resolves to {real})"
-    if not _inside(real, allowed):
-        raise LoraError(f"LoRA adapter {shown} is outside the allowed adapter directories ({_dirs_text(allowed)})")
-    if not real.exists():
-        raise LoraError(f"LoRA adapter {shown} not found")
-    if real.is_dir():
-        weights, config = real / PEFT_WEIGHTS, real / PEFT_CONFIG
-        if not (weights.is_file() and config.is_file()):
-            raise LoraError(
-                f"LoRA adapter {shown} is a directory without a PEFT adapter ({PEFT_WEIGHTS} + {PEFT_CONFIG})"
-            )
-        real = Path(os.path.realpath(weights))
-        if not _inside(real, allowed):
-            raise LoraError(
-                f"LoRA adapter {shown}: {PEFT_WEIGHTS} resolves to {real}, outside the allowed adapter directories "
-                f"({_dirs_text(allowed)})"
-            )
-    if not real.is_file():
-        raise LoraError(f"LoRA adapter {shown} is not a regular file")
-    config = real.parent / PEFT_CONFIG
-    if real.suffix.lower() == ".safetensors" and config.exists():
-        real_config = Path(os.path.realpath(config))
-        if not _inside(real_config, allowed):
-            raise LoraError(
-                f"LoRA adapter {shown}: its {PEFT_CONFIG} resolves to {real_config}, outside the allowed adapter "
-                f"directories ({_dirs_text(allowed)})"
-            )
-    return real
 
 
 # -- the base model's shape, read from its GGUF -------------------------------------------------------
@@ -438,114 +386,3 @@ def gguf_adapter(path: Path, model_path: str, cache_dir: Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return out
-
-
-# -- llama.cpp ---------------------------------------------------------------------------------------
-
-
-def _llama() -> Any:
-    import llama_cpp
-
-    return llama_cpp
-
-
-def load_adapter(model: Any, gguf_path: Path) -> Any:
-    """Load a GGUF LoRA adapter into `model` (an object with a `.model` llama_model pointer)."""
-    L = _llama()
-    handle = L.llama_adapter_lora_init(model.model, os.fsencode(gguf_path))
-    if not handle:
-        raise LoraError(f"llama.cpp could not load the LoRA adapter {gguf_path} (its log says why)")
-    return handle
-
-
-def apply_adapters(model: Any, handles_and_scales: Sequence[tuple[Any, float]]) -> None:
-    """Make exactly these adapters (with their scales) active on `model.ctx`; an empty list means none."""
-    L = _llama()
-    n = len(handles_and_scales)
-    if n == 0:
-        rc = L.llama_set_adapters_lora(model.ctx, None, 0, None)
-    else:
-        handles = (L.llama_adapter_lora_p_ctypes * n)(*(h for h, _ in handles_and_scales))
-        scales = (ctypes.c_float * n)(*(float(s) for _, s in handles_and_scales))
-        rc = L.llama_set_adapters_lora(model.ctx, handles, n, scales)
-    if rc != 0:
-        raise EngineError(f"llama_set_adapters_lora returned {rc}")
-
-
-def free_adapter(handle: Any) -> None:
-    """Free an adapter. It must not be active on any context, and its model must still be alive
-    (llama.cpp frees the adapters left over together with their model)."""
-    _llama().llama_adapter_lora_free(handle)
-
-
-class AdapterCache:
-    """The adapters loaded into one model, by GGUF path, and which one is active on its context.
-
-    `activate(model, path, scale)` loads a path once and sets it (or, with None, no adapter) only when that
-    changes. Close it before the model: `close()` clears the context and frees every adapter.
-    """
-
-    def __init__(self) -> None:
-        self._model: Any = None
-        self._handles: dict[str, Any] = {}
-        self._active: tuple[str, float] | None = None
-
-    @property
-    def active(self) -> tuple[str, float] | None:
-        return self._active
-
-    @property
-    def loaded(self) -> list[str]:
-        return list(self._handles)
-
-    def _bind(self, model: Any) -> None:
-        if self._model is None:
-            self._model = model
-        elif self._model is not model:
-            raise EngineError("this AdapterCache holds adapters of another model")
-
-    def load(self, model: Any, gguf_path: str | Path) -> Any:
-        self._bind(model)
-        key = os.fspath(gguf_path)
-        if key not in self._handles:
-            self._handles[key] = load_adapter(model, Path(key))
-        return self._handles[key]
-
-    def activate(self, model: Any, gguf_path: str | Path | None, scale: float = 1.0) -> None:
-        self._bind(model)
-        if gguf_path is None:
-            if self._active is not None:
-                apply_adapters(model, [])
-                self._active = None
-            return
-        if not math.isfinite(scale):
-            raise LoraError(f"LoRA scale must be a finite number, got {scale!r}")
-        want = (os.fspath(gguf_path), float(scale))
-        if self._active == want:
-            return
-        handle = self.load(model, want[0])
-        apply_adapters(model, [(handle, want[1])])
-        self._active = want
-
-    def drop_unused(self) -> int:
-        """Free every adapter but the one active on the context (memory pressure): how many were freed.
-        An adapter applies to the whole context, so the active one is the only one a running slot can be
-        using; a later request naming a freed one loads it again from its file."""
-        model = self._model
-        if model is None or not getattr(model, "model", None):
-            return 0
-        keep = self._active[0] if self._active is not None else None
-        unused = [key for key in self._handles if key != keep]
-        for key in unused:
-            free_adapter(self._handles.pop(key))
-        return len(unused)
-
-    def close(self) -> None:
-        model, handles = self._model, self._handles
-        self._handles, self._active = {}, None
-        if model is None or not getattr(model, "model", None):
-            return  # no model, or it is already freed and took its adapters along
-        if getattr(model, "ctx", None):
-            apply_adapters(model, [])
-        for handle in handles.values():
-            free_adapter(handle)

@@ -5,6 +5,10 @@ buffers and the node's own processes all come out of the same MemAvailable. The 
 llama.cpp is asked for a context: a context that does not fit would otherwise be found out by the OOM
 killer (or a failed cudaMalloc) minutes into serving, not by a clear refusal at start.
 
+This module holds the plan (MemoryPlan, plan_memory: the context and slot count chosen, its refusal in
+words, the table) and the command line; what each part costs is memory_costs.py, the budget's sources
+memory_budget.py.
+
 Usage: python -m edgellm.engine.memory_plan MODEL.gguf [--budget 6GiB] [--kv q8_0] [--json]
 """
 
@@ -13,27 +17,27 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import re
-import struct
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from edgellm.engine.gguf_header import read_metadata
+from edgellm.engine.memory_budget import default_budget_bytes, parse_size
+from edgellm.engine.memory_costs import (
+    CELL_ALIGN,
+    DEFAULT_CUDA_CONTEXT_BYTES,
+    GIB,
+    KV_BYTES_PER_ELEMENT,
+    MIB,
+    compute_bytes,
+    cuda_device_present,
+    draft_bytes,
+    embedding_bytes,
+    kv_bytes_per_token,
+    kv_cells,
+    projector_bytes,
+    round_up,
+)
 from edgellm.engine.shape import ModelShape
-
-MIB = 1024**2
-GIB = 1024**3
-
-# Bytes per stored K or V element. q8_0 stores blocks of 32 values as 32 int8 plus one f16 scale: 34 bytes.
-KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
-
-# llama.cpp rounds the context up to a multiple of 256 cells; the engine's one unified KV pool
-# (engine/model.py: kv_unified) is a single stream of that many cells. With kv_unified off, each slot is a
-# stream of its own, and llama.cpp rounds each one's share up to 256 cells as well.
-CELL_ALIGN = 256
 
 # An edge board serves a few clients at once. With a unified pool more slots cost no KV, only batch width;
 # "auto" still sizes the pool as this many requests of min(n_ctx_train, max_slot_ctx) tokens each.
@@ -43,93 +47,6 @@ AUTO_SLOTS = 4
 # share of MemAvailable that default_budget_bytes leaves outside the budget; the CUDA runtime is planned for
 # on its own (cuda_bytes) when layers go to a GPU.
 DEFAULT_OVERHEAD_BYTES = 150 * MIB
-
-# What the CUDA runtime itself takes once llama.cpp offloads: the CUDA context (driver state plus the loaded
-# kernels of ggml-cuda), the cuBLAS handle and its workspace, and llama.cpp's CUDA memory pools (scratch for
-# dequantized weights and cuBLAS inputs, which grow to the largest batch). On a Jetson all of it comes out of
-# the same unified memory as the weights and the KV cache. Published figures for the context alone:
-#   - llama.cpp PR #23604 (ggml-org/llama.cpp, 2026-05): creating the primary context (cudaMemGetInfo)
-#     "permanently eats" 107 MiB on an RTX 4060 Ti (34 SMs) and 555 MiB on an RTX PRO 6000 Blackwell; the
-#     cost scales with the SM count;
-#   - pytorch/pytorch#107667 (2023-08, ptrblck): ~300 MB for the context with CUDA >= 11.7 lazy module
-#     loading, over 1000 MB before it; pytorch/pytorch#20532: 300-400 MB per process without lazy loading.
-# JetPack 6 ships CUDA 12.2+, where lazy loading is the default on Linux (NVIDIA developer forums, "How to
-# enable the CUDA's lazy module loading"), and an Orin has 4-16 SMs, so its context is at the small end; with
-# cuBLAS (its handle and a few MiB of workspace) and the pools, 300 MiB is a conservative default. The
-# setting cuda_context_mib sets it (0 leaves it out).
-DEFAULT_CUDA_CONTEXT_BYTES = 300 * MIB
-
-# Where the host shows a CUDA device without importing llama.cpp (the API process never does): a Jetson's
-# L4T release file (as runtime/board/gpu_memory.py reads it), or a discrete NVIDIA GPU's driver nodes.
-_CUDA_DEVICE_MARKERS = ("/etc/nv_tegra_release", "/dev/nvidia0", "/dev/nvhost-gpu", "/proc/driver/nvidia/gpus")
-
-# Compute buffer estimate (see compute_bytes): a 10 % margin plus a fixed 8 MiB for the small host-side
-# inputs (token ids, positions, output ids) and allocator alignment.
-_COMPUTE_MARGIN = 1.10
-_COMPUTE_FIXED = 8 * MIB
-_F32 = 4
-
-
-def kv_bytes_per_token(shape: ModelShape, kv_type: str = "f16") -> float:
-    """Bytes one KV cell takes over all layers: a K and a V vector per KV head per layer."""
-    if kv_type not in KV_BYTES_PER_ELEMENT:
-        raise ValueError(f"kv_type must be one of {', '.join(KV_BYTES_PER_ELEMENT)}, got {kv_type!r}")
-    elements = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v)
-    return elements * KV_BYTES_PER_ELEMENT[kv_type]
-
-
-def kv_cells(n_ctx: int, streams: int = 1) -> int:
-    """KV cells llama.cpp allocates for n_ctx: one pool padded to a multiple of 256 (1000 -> 1024); over
-    `streams` KV streams (kv_unified off: one a slot), the total padded, then each stream's share (1000 over
-    3 streams: 1536)."""
-    per_stream = max(1, n_ctx // streams)
-    total = _round_up(per_stream * streams, CELL_ALIGN)
-    return _round_up(total // streams, CELL_ALIGN) * streams
-
-
-def compute_bytes(
-    shape: ModelShape,
-    n_batch: int,
-    n_slots: int,
-    n_ctx: int | None = None,
-    *,
-    flash_attn: bool = True,
-    unified: bool = True,
-) -> int:
-    """Estimate of llama.cpp's compute buffers plus its logits output buffer, with a safety margin.
-
-    llama.cpp reserves its compute buffer for the worst graph: a full ubatch (n_ubatch = n_batch here) with
-    every token producing logits. Buffers are reused from layer to layer, so the size is the peak of two
-    phases, in f32 activations per batch token:
-      - output: the logits (n_vocab) next to the final hidden state and norms (~6 x n_embd);
-      - a layer: the FFN's gate/up/activation (3 x n_ff), the residual, norm, Q/K/V and attention output
-        (~8 x n_embd) and the attention mask over the pool's cells (in a unified pool a token may attend
-        to any cell); without flash attention, also the full score matrix (n_head scores per cell).
-    Checked against llama.cpp 0.3.36's printed "compute buffer size" for SmolLM2-135M (CPU, n_batch 512):
-    102.5 MiB measured vs 102.8 estimated with flash attention; 166.4 vs 178 without it at 8192 cells a slot.
-    Reports of CUDA runs match the same shape (the graph splits into a device buffer and a small host one).
-
-    On top, the output buffer the logits are copied to: n_vocab f32 per output row, up to n_batch rows (it
-    grows to the largest batch's outputs). The engine asks for at most 1 + 16 drafted rows per slot, so
-    n_batch rows also covers the engine's own copy of those rows.
-
-    n_ctx: the cache's cells; None = n_slots requests of min(n_ctx_train, 4096) each. unified: one pool (a
-    token's mask spans all of it) or one stream a slot (the slot's share).
-    """
-    if n_batch < 1 or n_slots < 1:
-        raise ValueError("n_batch and n_slots must be >= 1")
-    if n_ctx is None:
-        n_ctx = n_slots * min(shape.n_ctx_train, 4096)
-    streams = 1 if unified else n_slots
-    cells = kv_cells(n_ctx, streams) // streams
-    n_tokens = min(n_batch, cells)  # llama.cpp caps the batch at the context for causal models
-    n_ff = shape.n_ff or 8 * shape.n_embd
-    output_phase = shape.n_vocab + 6 * shape.n_embd
-    per_cell = 1 if flash_attn else 1 + shape.n_head  # mask, plus the scores without flash attention
-    layer_phase = 3 * n_ff + 8 * shape.n_embd + per_cell * cells
-    graph = _F32 * n_tokens * max(output_phase, layer_phase)
-    output_buffer = _F32 * shape.n_vocab * n_batch
-    return math.ceil((graph + output_buffer) * _COMPUTE_MARGIN) + _COMPUTE_FIXED
 
 
 @dataclass(frozen=True)
@@ -281,80 +198,6 @@ class MemoryPlan:
         return out
 
 
-def embedding_bytes(shape: ModelShape, embedding_ctx: int, dedicated: ModelShape | None = None) -> int:
-    """What embeddings cost: a dedicated model's weights, and the embedding context on the model that
-    embeds (its f16 KV cells, one stream padded to 256, and its compute and output buffers for a batch of
-    embedding_ctx tokens that all produce outputs, without flash attention). 0 when embedding_ctx is 0."""
-    if embedding_ctx <= 0:
-        return 0
-    model = dedicated or shape
-    cells = _round_up(embedding_ctx, CELL_ALIGN)
-    kv = math.ceil(cells * kv_bytes_per_token(model, "f16"))
-    weights = dedicated.file_bytes if dedicated is not None else 0
-    return weights + kv + compute_bytes(model, embedding_ctx, 1, cells, flash_attn=False)
-
-
-def draft_bytes(draft: ModelShape, n_ctx: int, n_slots: int, n_batch: int, unified: bool = True) -> tuple[int, int]:
-    """What a draft model costs: (its weights and compute buffers, its KV cache). Its context mirrors the
-    target's (a unified f16 pool of n_ctx cells for n_slots sequences, n_batch tokens a batch, flash
-    attention auto; one stream a slot without kv_unified)."""
-    cells = kv_cells(n_ctx, 1 if unified else n_slots)
-    kv = math.ceil(cells * kv_bytes_per_token(draft, "f16"))
-    return draft.file_bytes + compute_bytes(draft, n_batch, n_slots, n_ctx, unified=unified), kv
-
-
-def cuda_device_present(markers: tuple[str, ...] = _CUDA_DEVICE_MARKERS) -> bool:
-    """Whether this host shows a CUDA device (a Jetson, or an NVIDIA GPU's driver), read from files only:
-    the API process plans memory without importing llama.cpp. A CPU-only llama.cpp build on such a host
-    is over-planned by cuda_bytes, never under-planned."""
-    return any(os.path.exists(m) for m in markers)
-
-
-# What a projector's graph holds per input token at its peak (f32 activations): the FFN (3 x n_ff: up,
-# gate/activation, down's input), the residual, norms, Q/K/V and attention output (~8 x n_embd); the
-# attention scores (n_head x n_tokens per token) come on top, as clip.cpp's encoder attends over all of them.
-# Audio encoders (Whisper-style) see one 30 s window: 1500 positions after the conv stem.
-_AUDIO_TOKENS = 1500
-
-
-def projector_bytes(path: str | Path | None) -> int:
-    """What the multimodal projector costs: its weights (the file, loaded whole) plus an estimate of its
-    compute buffer for one input at the projector's own size (clip.vision.image_size / patch_size, or one
-    audio window), read from the GGUF header. Dynamic-resolution projectors (Qwen2-VL tiling) may go above
-    it for large images; the estimate is for the nominal input. 0 when path is None."""
-    if path is None:
-        return 0
-    weights = Path(path).stat().st_size
-    compute = 0
-    for modality in ("vision", "audio"):
-        keys = {
-            "n_embd": f"clip.{modality}.embedding_length",
-            "n_ff": f"clip.{modality}.feed_forward_length",
-            "n_head": f"clip.{modality}.attention.head_count",
-            "image": f"clip.{modality}.image_size",
-            "patch": f"clip.{modality}.patch_size",
-        }
-        try:
-            meta = read_metadata(path, keys.values())
-        except (OSError, ValueError, struct.error):
-            return weights  # llama.cpp reports an unreadable file when it loads it
-        n_embd, n_ff, n_head = (_int(meta.get(keys[k])) for k in ("n_embd", "n_ff", "n_head"))
-        if not n_embd:
-            continue
-        image, patch = _int(meta.get(keys["image"])), _int(meta.get(keys["patch"]))
-        if modality == "vision":
-            tokens = (image // patch) ** 2 + 1 if image and patch else 1024
-        else:
-            tokens = _AUDIO_TOKENS
-        per_token = 3 * (n_ff or 4 * n_embd) + 8 * n_embd + max(1, n_head) * tokens
-        compute = max(compute, math.ceil(_F32 * tokens * per_token * _COMPUTE_MARGIN) + _COMPUTE_FIXED)
-    return weights + compute
-
-
-def _int(value: object) -> int:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def plan_memory(
     shape: ModelShape,
     *,
@@ -428,7 +271,7 @@ def plan_memory(
         )
 
     slot_cap = max(CELL_ALIGN, _round_down(min(shape.n_ctx_train, max_slot_ctx), CELL_ALIGN))
-    slot_min = min(max(CELL_ALIGN, _round_up(min_slot_ctx, CELL_ALIGN)), slot_cap)
+    slot_min = min(max(CELL_ALIGN, round_up(min_slot_ctx, CELL_ALIGN)), slot_cap)
 
     if n_ctx != "auto":
         if n_slots == "auto":
@@ -446,57 +289,6 @@ def plan_memory(
                 return plan
     slots = slot_choices[-1]
     return make(slots, slots * slot_min, True)  # does not fit: report the minimum it would need
-
-
-def default_budget_bytes(
-    meminfo_path: str | Path = "/proc/meminfo", share: float = 0.75, meminfo_text: str | None = None
-) -> int:
-    """A share of MemAvailable: on a Jetson the GPU allocates from the same memory as the CPU, so this is
-    the pool for weights, KV cache and buffers alike. The rest is left to the CUDA runtime, the OS and
-    whatever else runs on the board. `meminfo_text`: a reading taken earlier (serve's, before its engine
-    worker began allocating: that worker is planned for in DEFAULT_OVERHEAD_BYTES)."""
-    if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1], got {share}")
-    text = meminfo_text if meminfo_text is not None else Path(meminfo_path).read_text()
-    match = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.MULTILINE)
-    if match is None:
-        raise ValueError(f"{meminfo_path}: no MemAvailable line (kernel older than 3.14?); set memory_budget")
-    return int(int(match.group(1)) * 1024 * share)
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
-_SIZE_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(value: str | int | float) -> int:
-    """Bytes from a memory_budget setting: a byte count, or a number with a unit. KiB/MiB/GiB/TiB (or
-    Ki/Mi/Gi/Ti) are powers of 1024; KB/MB/GB/TB powers of 1000; a bare K/M/G/T is binary too, as in
-    `docker --memory 6g` or `java -Xmx6g`. "6GiB", "6.5G", "512MiB", "1500000000" all work."""
-    if isinstance(value, bool):
-        raise ValueError(f"memory_budget must be a size such as 6GiB, got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"memory_budget must be a positive size, got {value!r}")
-        return int(value)
-    text = str(value).strip()
-    if text.startswith("-"):
-        raise ValueError(f"memory_budget must be a positive size, got {value!r}")
-    match = _SIZE_RE.match(text)
-    if match is None:
-        raise ValueError(f"memory_budget: cannot read {value!r} as a size; use e.g. 6GiB, 6.5G, 512MiB or a byte count")
-    number, prefix, binary, byte = match.groups()
-    prefix = prefix.lower()
-    if binary and not prefix:
-        raise ValueError(f"memory_budget: cannot read {value!r} as a size; 'i' needs a unit letter (KiB, MiB, GiB)")
-    base = 1000 if prefix and byte and not binary else 1024  # "GB" is decimal; "G", "Gi", "GiB" binary
-    size = int(float(number) * base ** _SIZE_POWER[prefix])
-    if size <= 0:
-        raise ValueError(f"memory_budget must be a positive size, got {value!r}")
-    return size
-
-
-def _round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
 
 
 def _round_down(n: int, step: int) -> int:

@@ -1,7 +1,10 @@
-"""The llama.cpp model and its one context, over llama-cpp-python's low-level bindings.
+"""The llama.cpp generation model and its one context, over llama-cpp-python's low-level bindings.
 
-Everything that touches a ctypes pointer lives here; the scheduler sees tokens, logits rows and
-sequence ids. llama.cpp return codes become `EngineError` at this boundary.
+LlamaModel loads the model (engine/llama_load.py: the GPU ladder falls back to smaller pools, then the CPU),
+makes the context and decodes batches into it; it trims, copies, saves and loads sequences of its KV pool.
+The scheduler sees tokens, logits rows and sequence ids. llama.cpp return codes become `EngineError` at this
+boundary. Its tokenizer (engine/vocabulary.py) and chat template (engine/chat_prompt.py) are the bases it
+reads text with.
 """
 
 from __future__ import annotations
@@ -10,24 +13,27 @@ import ctypes
 import dataclasses
 import logging
 import os
-import re
-import secrets
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-import jinja2
 import llama_cpp as L
 import numpy as np
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from edgellm.engine import test_hooks
-from edgellm.engine.chat_format import RESERVED_TEMPLATE_NAMES, ChatFormat
-from edgellm.engine.chat_format import detect as detect_chat_format
+from edgellm.engine.chat_prompt import ChatPrompt
 from edgellm.engine.config import ModelConfig
-from edgellm.engine.memory_plan import CELL_ALIGN, kv_cells
-from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
+from edgellm.engine.llama_load import (
+    OffloadInfo,
+    can_drop_suffix,
+    default_threads,
+    ensure_backend,
+    free_llama,
+    load_model,
+    load_offloaded,
+    pool_context,
+    shrink_ladder,
+)
+from edgellm.engine.memory_costs import kv_cells
+from edgellm.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -42,277 +48,18 @@ class KvNoRoom(EngineError):
     pool is full. The cache is as it was; the scheduler frees cells (preempts) and decodes the rest."""
 
 
-# SmolLM2 and most instruct GGUFs carry a template; ChatML is the fallback for the few that don't.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-_backend_ready = False
-
-
-@dataclass(frozen=True)
-class OffloadInfo:
-    gpu_supported: bool
-    n_gpu_layers: int
-    n_layers: int
-    fallback_reason: str | None = None
-
-    @property
-    def device(self) -> str:
-        return "gpu" if self.n_gpu_layers > 0 else "cpu"
-
-
 def _joined(offload: OffloadInfo, reason: str) -> str:
     """A new fallback reason after any earlier one (a failed GPU load, then a context that did not fit)."""
     return f"{offload.fallback_reason}; {reason}" if offload.fallback_reason else reason
 
 
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def _ensure_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        L.llama_backend_init()
-        _backend_ready = True
-
-
-def _load_model(path: str, n_gpu_layers: int) -> ctypes.c_void_p:
-    params = L.llama_model_default_params()
-    params.n_gpu_layers = n_gpu_layers
-    model = L.llama_model_load_from_file(path.encode(), params)
-    if not model:
-        raise EngineError(f"llama.cpp could not load the model at {path} with n_gpu_layers={n_gpu_layers}")
-    return model
-
-
-def load_offloaded(
-    path: str, n_gpu_layers: int, *, force_failure: bool = False
-) -> tuple[ctypes.c_void_p, int, str | None]:
-    """(model, layers on the GPU, why it fell back to the CPU or None). n_gpu_layers -1 = auto: every layer
-    when llama.cpp can offload; a GPU load that fails is retried on the CPU."""
-    wanted = n_gpu_layers
-    if wanted < 0:
-        wanted = 10_000 if L.llama_supports_gpu_offload() else 0  # llama.cpp clamps to the layer count
-    if wanted > 0:
-        try:
-            if force_failure:
-                raise EngineError("GPU load failure forced by EDGELLM_FORCE_GPU_FAILURE (test hook)")
-            model = _load_model(path, wanted)
-            return model, min(wanted, int(L.llama_model_n_layer(model)) + 1), None
-        except EngineError as exc:
-            fallback = f"GPU load failed ({exc}); retried on CPU"
-            log.warning("%s: %s", path, fallback)
-    else:
-        fallback = None
-    return _load_model(path, 0), 0, fallback
-
-
-# The smallest pool the GPU ladder shrinks to (LlamaModel._context_on_gpu_or_cpu): below it the pool no
-# longer holds a few chat turns at once, and the CPU with the configured pool serves better. A config that
-# asks for less is never grown to it.
-LADDER_MIN_CELLS = 1024
-
-
-def shrink_ladder(n_cells: int, min_cells: int = LADDER_MIN_CELLS) -> list[int]:
-    """The smaller pools (KV cells) to try, in order, after n_cells did not fit on the GPU: halved, on the
-    256-cell steps llama.cpp allocates, down to min_cells or the configured size when that is smaller. The
-    batch width (n_slots) stays: it costs compute buffers, not KV, and a request may still use all of a
-    smaller pool."""
-    pools: list[int] = []
-    floor = min(min_cells, n_cells)
-    cells = n_cells
-    while cells > floor:
-        cells = max(floor, cells // 2 // CELL_ALIGN * CELL_ALIGN)
-        pools.append(cells)
-    return pools
-
-
-def pool_context(
-    model: ctypes.c_void_p,
-    *,
-    n_cells: int,
-    n_seqs: int,
-    n_batch: int,
-    n_threads: int,
-    flash_attn: bool = True,
-    kv_cache_type: str = "f16",
-    unified: bool = True,
-) -> ctypes.c_void_p:
-    """A context of n_seqs sequences over one unified KV pool of n_cells cells (kv_unified: any sequence
-    may take any free cell, and a prefix copied between sequences is shared, not duplicated); with
-    unified False, each sequence owns n_cells / n_seqs of them (a KV stream of its own)."""
-    cp = L.llama_context_default_params()
-    cp.n_ctx = n_cells
-    cp.n_batch = n_batch
-    cp.n_ubatch = n_batch
-    cp.n_seq_max = n_seqs
-    cp.n_threads = n_threads
-    cp.n_threads_batch = n_threads
-    cp.kv_unified = unified
-    if hasattr(cp, "flash_attn_type"):
-        cp.flash_attn_type = -1 if flash_attn else 0  # -1 = auto
-    if kv_cache_type != "f16":
-        kv_type = {"q8_0": L.GGML_TYPE_Q8_0, "f32": L.GGML_TYPE_F32}.get(kv_cache_type)
-        if kv_type is None:
-            raise EngineError(f"kv_cache_type must be f16, q8_0 or f32, got {kv_cache_type!r}")
-        cp.type_k = kv_type
-        cp.type_v = kv_type
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        raise EngineError("llama.cpp could not create a context (out of memory?)")
-    return ctx
-
-
-def can_drop_suffix(model: ctypes.c_void_p) -> bool:
-    """Whether a sequence's KV can be cut at a position: not recurrent (Mamba, RWKV, hybrids), not
-    sliding-window attention."""
-    for name in ("llama_model_is_recurrent", "llama_model_is_hybrid"):
-        fn = getattr(L, name, None)
-        if fn is not None and fn(model):
-            return False
-    n_swa = getattr(L, "llama_model_n_swa", None)
-    return not (n_swa is not None and n_swa(model) > 0)
-
-
-def free_llama(owner: Any) -> None:
-    """Free `owner`'s llama.cpp `batch`, `ctx` and `model` (whichever it has); safe to call twice."""
-    if getattr(owner, "batch", None) is not None:
-        L.llama_batch_free(owner.batch)
-        owner.batch = None
-    if getattr(owner, "ctx", None):
-        L.llama_free(owner.ctx)
-        owner.ctx = None
-    if getattr(owner, "model", None):
-        L.llama_model_free(owner.model)
-        owner.model = None
-
-
-# How a media part shows in a prompt's text (formatted_complete_request, logs): llama.cpp's marker.
-MEDIA_MARKER = "<__media__>"
-# A media hook: index into the request's media -> the prompt entries that stand for it (negative ids).
-MediaHook = Callable[[int], list[int]]
-
-
-def content_parts(content: Any) -> list[str | int]:
-    """A message's content as parts: text (str) and media (the index of an item in the request's media).
-
-    Content is a string, or a list of {"type": "text", "text": str} and {"type": "media", "index": int}.
-    """
-    if isinstance(content, list):
-        # A part without an index (stored, not yet loaded) only shows as the marker (raw_prompt_text).
-        return [p["text"] if p.get("type") == "text" else int(p.get("index", -1)) for p in content]
-    return [str(content or "")]
-
-
-def raw_prompt_text(messages: list[dict]) -> str:
-    """What a prompt without a chat template is: the contents, concatenated as written."""
-    return "".join(
-        part if isinstance(part, str) else MEDIA_MARKER for m in messages for part in content_parts(m.get("content"))
-    )
-
-
-class Vocabulary:
-    """A loaded llama.cpp model's tokenizer and metadata (the generation model, a dedicated embedding
-    model): `model`, `vocab` and `n_vocab` are set by the subclass before these are used."""
-
-    model: ctypes.c_void_p
-    vocab: ctypes.c_void_p
-    n_vocab: int
-
-    def _init_vocab(self) -> None:
-        self.vocab = L.llama_model_get_vocab(self.model)
-        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        self._pieces: dict[int, bytes] = {}
-
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(65536)
-        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
-    def with_bos(self, tokens: list[int]) -> list[int]:
-        """The tokens after the model's BOS, when its vocabulary asks for one and they do not start with it."""
-        bos = L.llama_vocab_bos(self.vocab)
-        if L.llama_vocab_get_add_bos(self.vocab) and bos >= 0 and tokens[:1] != [bos]:
-            return [bos, *tokens]
-        return tokens
-
-    def with_special(self, tokens: list[int]) -> list[int]:
-        """The tokens with the BOS (and EOS) the vocabulary adds to a sequence, where it asks for them."""
-        tokens = self.with_bos(tokens)
-        eos = L.llama_vocab_eos(self.vocab)
-        if L.llama_vocab_get_add_eos(self.vocab) and eos >= 0 and tokens[-1:] != [eos]:
-            tokens = [*tokens, eos]
-        return tokens
-
-    def input_tokens(self, text: str) -> list[int]:
-        """A text input (an embedding input): tokenized as text, control-token text included, with the
-        vocabulary's BOS/EOS."""
-        return self.with_special(self.tokenize(text, special=False))
-
-    def checked_ids(self, tokens: Any, param: str) -> list[int]:
-        """Token ids a client sent: integers in the vocabulary, else a 400 naming `param`."""
-        if not isinstance(tokens, list):
-            raise InvalidRequest(f"{param} must be an array of token ids", param=param)
-        for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab:
-                raise InvalidRequest(
-                    f"{param}: token id {t!r} is outside the vocabulary [0, {self.n_vocab - 1}]"[:300], param=param
-                )
-        return list(tokens)
-
-    def fim_tokens(self) -> tuple[int, int, int] | None:
-        """The model's fill-in-the-middle prefix, suffix and middle tokens; None where it has none."""
-        ids = tuple(int(getattr(L, f"llama_vocab_fim_{k}")(self.vocab)) for k in ("pre", "suf", "mid"))
-        return ids if all(t >= 0 for t in ids) else None
-
-    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRequest("the prompt contains a lone surrogate (invalid UTF-16); send valid text") from None
-        cap = len(data) + 16
-        arr = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
-        if n < 0:
-            cap = -n
-            arr = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, False, special)
-        if n < 0:
-            raise EngineError(f"tokenization failed ({n})")
-        return list(arr[:n])
-
-    def piece(self, token: int, *, special: bool = False) -> bytes:
-        """The raw bytes of one token (cached; control tokens are empty unless special=True).
-
-        Thread-safe: the prepare threads call it (a prompt's tail, a structural tag's trigger mask) while
-        the step loop does. So each call that misses the cache has a buffer of its own: ctypes releases
-        the GIL around llama_token_to_piece, and one shared buffer could hand a token another's bytes."""
-        if not special and token in self._pieces:
-            return self._pieces[token]
-        buf = ctypes.create_string_buffer(256)
-        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        out = bytes(buf.raw[:n]) if n > 0 else b""
-        if not special:
-            self._pieces[token] = out
-        return out
-
-    def is_eog(self, token: int) -> bool:
-        return bool(L.llama_vocab_is_eog(self.vocab, token))
-
-
-class LlamaModel(Vocabulary):
+class LlamaModel(ChatPrompt):
     """Owns model + context + batch. Not thread-safe: one engine thread drives it."""
 
     def __init__(self, config: ModelConfig):
         if not os.path.isfile(config.path):
             raise EngineError(f"model file not found: {config.path}")
-        _ensure_backend()
+        ensure_backend()
         self.config = config
         hooks = test_hooks.current()  # off unless a test installed them (engine/test_hooks.py)
         self.offload = self._load(config, hooks.gpu_load_failure)
@@ -343,8 +90,7 @@ class LlamaModel(Vocabulary):
         self.eog_tokens = [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
         self.eos_token = L.llama_vocab_eos(self.vocab)
         self.name = os.path.basename(config.path)
-        self.formatter = self._chat_formatter()
-        self._formatter_no_gen: Jinja2ChatFormatter | None = None
+        self._init_chat()
         self.partial_trim = self._memory_can_drop_suffix()
 
     # -- loading -------------------------------------------------------------------------------
@@ -387,7 +133,7 @@ class LlamaModel(Vocabulary):
         )
         log.warning("%s", reason)
         L.llama_model_free(self.model)
-        self.model = _load_model(config.path, 0)
+        self.model = load_model(config.path, 0)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.offload = OffloadInfo(self.offload.gpu_supported, 0, self.offload.n_layers, _joined(self.offload, reason))
         return self._new_context(wanted)
@@ -433,134 +179,6 @@ class LlamaModel(Vocabulary):
             kv_cache_type=config.kv_cache_type,
             unified=self.unified,
         )
-
-    def _chat_formatter(self) -> Jinja2ChatFormatter:
-        template = self.meta("tokenizer.chat_template") or CHATML_TEMPLATE
-        eos = self.piece(self.eos_token, special=True).decode("utf-8", "replace")
-        bos_id = L.llama_vocab_bos(self.vocab)
-        bos = self.piece(bos_id, special=True).decode("utf-8", "replace") if bos_id >= 0 else ""
-        return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-
-    def _formatter_for(self, add_generation_prompt: bool) -> Jinja2ChatFormatter:
-        if add_generation_prompt:
-            return self.formatter
-        if self._formatter_no_gen is None:  # the formatter fixes add_generation_prompt at construction
-            f = self.formatter
-            self._formatter_no_gen = Jinja2ChatFormatter(
-                template=f.template, eos_token=f.eos_token, bos_token=f.bos_token, add_generation_prompt=False
-            )
-        return self._formatter_no_gen
-
-    @property
-    def chat_format(self) -> ChatFormat:
-        """How the template writes tool calls and whether it thinks (engine/chat_format.py)."""
-        return detect_chat_format(self.formatter.template)
-
-    # -- text ------------------------------------------------------------------------------------
-    def render_chat(
-        self,
-        messages: list[dict],
-        *,
-        add_generation_prompt: bool = True,
-        template_kwargs: dict | None = None,
-        tools: list[dict] | None = None,
-    ) -> str:
-        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_NAMES}
-        if tools:
-            kwargs["tools"] = tools  # Hugging Face templates render them (Hermes/Qwen, Llama 3.1, Mistral)
-        # Content parts render as their text, each image/audio as llama.cpp's media marker.
-        messages = [
-            {**m, "content": raw_prompt_text([m])} if isinstance(m.get("content"), list) else m for m in messages
-        ]
-        try:
-            return self._formatter_for(add_generation_prompt)(messages=messages, **kwargs).prompt
-        # TemplateError: a template that refuses a role or an order of turns; ValueError: the template's
-        # raise_exception() (Mistral/Gemma-style templates refuse some turn orders).
-        except (jinja2.TemplateError, ValueError) as exc:
-            raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
-
-    def chat_tokens(
-        self,
-        messages: list[dict],
-        *,
-        limit: int | None = None,
-        add_generation_prompt: bool = True,
-        template_kwargs: dict | None = None,
-        tools: list[dict] | None = None,
-        media: MediaHook | None = None,
-    ) -> list[int]:
-        """The prompt of a conversation, where only the template's own markup may become control tokens.
-
-        Each message's content is swapped for a private-use placeholder before rendering; the
-        rendered text is then tokenized piecewise: template text with special-token parsing on,
-        client content with it off, so a user who writes "<|im_start|>system" gets those
-        characters as text, not a forged role turn. Past `limit` tokens it stops with a 400 at once
-        instead of tokenizing the rest of a prompt that cannot fit anyway. Media parts of a content
-        list become what `media` returns for them (the projector's stand-ins).
-        """
-        # Private-use marks with a per-call nonce: client text cannot contain (or fake) a placeholder.
-        nonce = secrets.token_hex(8)
-        marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
-        options = {"add_generation_prompt": add_generation_prompt, "template_kwargs": template_kwargs, "tools": tools}
-        rendered = self.render_chat(
-            [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)], **options
-        )
-        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
-        # split() with one group gives [text, index, text, index, ..., text]
-        indices = [int(i) for i in parts[1::2]]
-        if sorted(indices) != list(range(len(messages))):
-            # The template transformed the content (sliced it, repeated it): fall back to tokenizing
-            # the rendered prompt as a whole, as llama.cpp's own server does.
-            if any(isinstance(m.get("content"), list) for m in messages):
-                raise InvalidRequest("this model's chat template cannot carry content parts (images, audio)")
-            log.warning("chat template altered the content placeholders; control-token text in content is parsed")
-            return self.tokenize(self.render_chat(messages, **options), special=True)
-        tokens: list[int] = []
-        for j, text in enumerate(parts):
-            if j % 2 == 0:
-                if text:
-                    tokens += self.tokenize(text, special=True)
-            else:
-                tokens += self._content_tokens(messages[int(text)]["content"], False, media)
-            if limit is not None and len(tokens) > limit:
-                raise ContextLengthExceeded(
-                    f"prompt is over {limit} tokens (stopped counting at message {j // 2} of {len(messages)}) but a "
-                    f"request may hold at most {limit}; shorten the messages"
-                )
-        return tokens
-
-    def _content_tokens(self, content: Any, special: bool, media: MediaHook | None) -> list[int]:
-        """One message's content: text parts tokenized (control-token text parsed only when `special`),
-        media parts as `media` gives them."""
-        tokens: list[int] = []
-        for part in content_parts(content):
-            if isinstance(part, str):
-                if part:
-                    tokens += self.tokenize(part, special=special)
-            elif media is None:
-                raise InvalidRequest("this model takes text only: it has no multimodal projector (mmproj_path)")
-            else:
-                tokens += media(part)
-        return tokens
-
-    def raw_tokens(
-        self, messages: list[dict], *, limit: int | None = None, media: MediaHook | None = None
-    ) -> list[int]:
-        """The prompt without a chat template: the contents as written, in order, after the model's BOS
-        when its vocabulary asks for one. Control-token text is parsed: whoever writes a raw prompt
-        writes its markup too (TensorRT-Edge-LLM's apply_chat_template=false)."""
-        text = raw_prompt_text(messages)
-        if limit is not None and len(text) > 16 * limit + 1024:  # far more bytes than tokens fit: no need to count
-            raise ContextLengthExceeded(
-                f"prompt is over {limit} tokens but a request may hold at most {limit}; shorten it"
-            )
-        if any(isinstance(m.get("content"), list) for m in messages):
-            tokens: list[int] = []
-            for m in messages:
-                tokens += self._content_tokens(m.get("content"), True, media)
-        else:
-            tokens = self.tokenize(text, special=True)
-        return self.with_bos(tokens)
 
     # -- decoding ------------------------------------------------------------------------------
     def decode(

@@ -8,7 +8,7 @@ Layout: `<directory>/<fingerprint>/` (`directory` is `<state_dir>/prefix-cache`)
 files, where key is the sha256 of the prefix's token ids (int32, little endian), and `index.json`
 with each entry's n_tokens, key, size, crc32 (of the file) and last_used (wall clock).
 `fingerprint.json` says, for a person, what the folder's fingerprint was made of. The fingerprint
-(model_fingerprint) covers everything that makes a state file foreign: the model file (size, sha256
+(engine/kv_fingerprint.py) covers everything that makes a state file foreign: the model file (size, sha256
 of its GGUF header and first and last MiB), the slot's context size, the KV cache type, flash
 attention, the GPU layers and the llama-cpp-python version. A store only reads its own folder, so
 the files of another model or layout are never loaded.
@@ -38,6 +38,9 @@ Policy (what the scheduler does with it):
   otherwise.
 
 One engine thread drives it, as it drives the model: not thread-safe.
+
+PrefixStore stays whole: its save, restore, eviction and start-up reconciliation all keep one invariant
+(the index and the files in the folder agree, entry by entry), and splitting them would scatter it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ import errno
 import hashlib
 import json
 import logging
-import mmap
 import os
 import re
 import threading
@@ -56,20 +58,19 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-import llama_cpp as L
 import numpy as np
+
+from edgellm.engine.kv_fingerprint import FORMAT, fingerprint, fingerprint_parts
 
 if TYPE_CHECKING:
     from edgellm.engine.model import LlamaModel
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # of the folder: index.json and the .kv files in it
 INDEX = "index.json"
 SUFFIX = ".kv"
 MIN_GAIN = 64  # a restore must offer this many more tokens than the best idle slot already holds
 _MIB = 1024 * 1024
-_HEADER_CAP = 64 * _MIB  # the most of a GGUF header hashed for the model's identity
 _SPACE_RESERVE = 64 * _MIB  # free disk space a save leaves untouched
 _SAFE_NAME = re.compile(r"^[0-9A-Za-z_.-]{1,128}$")
 
@@ -99,50 +100,6 @@ def text_length(prompt: Sequence[int]) -> int:
         if t < 0:
             return i
     return len(prompt)
-
-
-def file_identity(path: str) -> str:
-    """A model file's identity without reading all of it: its size and a sha256 of its GGUF header
-    (capped at 64 MiB), its first MiB and its last MiB."""
-    size = os.path.getsize(path)
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        head = _MIB
-        try:
-            from edgellm.engine.gguf_header import _tensor_layout  # where the tensor data starts
-
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                head = max(head, min(_tensor_layout(m, path)[0], _HEADER_CAP))
-        except Exception:  # not a readable GGUF header: its first MiB stands for it
-            pass
-        h.update(f.read(head))
-        f.seek(max(0, size - _MIB))
-        h.update(f.read(_MIB))
-    return f"{size}-{h.hexdigest()}"
-
-
-def model_fingerprint(model: LlamaModel) -> str:
-    """The name of the folder a model's state files live in: a hash of everything that makes a state
-    file foreign to this model and context (see fingerprint_parts)."""
-    return _fingerprint(fingerprint_parts(model))
-
-
-def fingerprint_parts(model: LlamaModel) -> dict[str, object]:
-    config = model.config
-    return {
-        "format": FORMAT,
-        "model": file_identity(config.path),
-        "seq_ctx": model.seq_ctx,
-        "kv_cache_type": config.kv_cache_type,
-        "flash_attn": config.flash_attn,
-        "n_gpu_layers": model.offload.n_gpu_layers,
-        "device": model.offload.device,
-        "llama_cpp": L.__version__,
-    }
-
-
-def _fingerprint(parts: dict[str, object]) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -225,7 +182,7 @@ class PrefixStore:
         except OSError as exc:
             log.warning("prefix cache off: cannot read the model file for its fingerprint: %s", exc)
             return None
-        store = cls(config.prefix_cache_dir, _fingerprint(parts), config.prefix_cache_bytes, min_tokens)
+        store = cls(config.prefix_cache_dir, fingerprint(parts), config.prefix_cache_bytes, min_tokens)
         if store.enabled:
             store._write_json("fingerprint.json", parts)
         return store

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from edgellm.engine.guide_llguidance import Guide
+from edgellm.engine.guide_matcher import Guide
 from edgellm.engine.projector import MediaSpan
 from edgellm.engine.types import EngineRequest
 

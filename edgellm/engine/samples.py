@@ -13,7 +13,7 @@ import dataclasses
 from collections import deque
 from typing import Protocol
 
-from edgellm.engine.guide_llguidance import Guide
+from edgellm.engine.guide_matcher import Guide
 from edgellm.engine.prepared import PreparedRequest
 from edgellm.engine.types import EngineOutput, EngineRequest, FinishReason
 

@@ -7,7 +7,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from edgellm.engine.draft import Acceptance
-from edgellm.engine.guide_llguidance import Guide
+from edgellm.engine.guide_matcher import Guide
 from edgellm.engine.json_closing import TagFollower
 from edgellm.engine.json_cursor import JsonCursor
 from edgellm.engine.prepared import PreparedRequest, Prompt
@@ -50,7 +50,7 @@ class Slot:
         self.group: SampleGroup | None = None  # the n > 1 request this slot generates a sample of
         self.index = 0  # which sample
         self.idle_since = 0.0  # when its last request ended (idle caches are evicted oldest first)
-        self.admitted = 0  # admission order (Scheduler._admitted): preemption pauses the latest first
+        self.admitted = 0  # admission order (KvSlots._admissions): preemption pauses the latest first
         # After a preemption: the generated tokens whose KV was freed, fed again after the prompt (no logits)
         # before the request goes on decoding from its pending tokens, as if it had never stopped.
         self.refeed: list[int] = []
@@ -129,7 +129,7 @@ class Slot:
         self.queued_at = prepared.queued_at
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
-        self.energy_j = 0.0  # this request's share of the board's energy so far (Scheduler._charge_energy)
+        self.energy_j = 0.0  # this request's share of the board's energy so far (StepEnergy.charge)
 
     def media_at(self, index: int) -> MediaSpan | None:
         """The media chunk that starts at prompt entry `index`, if one does."""

@@ -30,7 +30,7 @@ import time
 import llama_cpp as L
 
 from edgellm import __version__
-from edgellm.engine.prefix_store import fingerprint_parts
+from edgellm.engine.kv_fingerprint import fingerprint_parts
 from edgellm.engine.self_test import self_test_size
 
 RECORD_FORMAT = 1
@@ -130,7 +130,7 @@ def _is_time(value: object) -> bool:
 
 def start_key(model, max_waiting: int) -> str:
     """A hash of what decides whether an earlier start's self-test and probe still hold: the self-test's
-    real size and edgellm's version, the model file and context (prefix_store.fingerprint_parts: its
+    real size and edgellm's version, the model file and context (kv_fingerprint.fingerprint_parts: its
     identity, slot size, KV type, flash attention, offload), the threads, CPUs, batch and slots, the
     engine's native libraries and the hardware the kernels run on."""
     config = model.config

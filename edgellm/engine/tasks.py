@@ -23,8 +23,9 @@ import llama_cpp as L
 import numpy as np
 
 from edgellm.engine.embedder import MAX_SEQUENCES, Embedder, EmbeddingModel, cells, normalize
-from edgellm.engine.model import LlamaModel, Vocabulary
+from edgellm.engine.model import LlamaModel
 from edgellm.engine.types import EngineOutput, EngineRequest, EngineTask, FinishReason, Priority
+from edgellm.engine.vocabulary import Vocabulary
 from edgellm.errors import ContextLengthExceeded, EdgeLLMError, EngineError, ErrorType, InvalidRequest
 
 log = logging.getLogger(__name__)

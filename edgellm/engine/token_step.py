@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgellm.engine.guide_llguidance import GuideBackend
+from edgellm.engine.guide_matcher import GuideBackend
 from edgellm.engine.json_closing import STEER, closing_scores, tag_triggers, trigger_tokens
 from edgellm.engine.json_cursor import MAX_NUMBER_CHARS
 from edgellm.engine.model import LlamaModel
@@ -61,7 +61,7 @@ class TokenStep:
         # prepare threads fill it (Scheduler._prepare), so the step that first needs a mask does not
         # stall every slot for the ~0.1-0.3 s a 49k-token scan takes.
         self.trigger_tokens = functools.lru_cache(maxsize=16)(self._trigger_tokens)
-        self.close_json = True  # steer JSON to its end near max_tokens (tools/bench_json_closing.py turns it off)
+        self.close_json = True  # steer JSON to its end near max_tokens (tools/bench/json_closing.py turns it off)
 
     @property
     def closing_scores(self) -> tuple[np.ndarray, np.ndarray]:

@@ -159,8 +159,8 @@ class EngineRequest:
     # Structured output cut by max_tokens is returned as it is, finish "length", not as an error
     # (the OpenAI route, as OpenAI and llama-server do); the seed endpoints keep their 422.
     cut_structure_ok: bool = False
-    # This is the second draw of an answer that failed its schema's unenforced keywords (Scheduler
-    # ._retry_for_schema): it is not drawn again, and its output says it was retried.
+    # This is the second draw of an answer that failed its schema's unenforced keywords
+    # (final_output.schema_retry): it is not drawn again, and its output says it was retried.
     schema_retry: bool = False
     first_draw: EngineOutput | None = None  # with schema_retry: the first answer, returned if the second is no better
     # Decoded images/audio; a message's content list refers to them by index ({"type": "media", "index": i}).

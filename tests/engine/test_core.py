@@ -34,7 +34,7 @@ def test_info_and_stats_keep_the_wire_keys_and_pickle(engine):
 def test_run_until_idle_feeds_more_than_the_queue_holds(engine):
     """More requests than max_waiting: fed as the queue has room, so none is refused as queue-full."""
     core = engine.core
-    n = core.scheduler.max_waiting + len(core.scheduler.slots) + 4
+    n = core.scheduler.admission.max_waiting + len(core.scheduler.kv.slots) + 4
     admitted, finals = [], {}
 
     def on_output(out: EngineOutput) -> None:
@@ -75,7 +75,7 @@ def test_the_in_process_client_is_an_engine_client(engine):
     finals = {o.request_id: o for o in got if o.finished}
     assert set(finals) == {"c-ok", "c-gone"} and finals["c-ok"].error is None
     assert client.in_flight() == 0
-    assert client.health().state is EngineState.READY and client.info.n_slots == len(engine.scheduler.slots)
+    assert client.health().state is EngineState.READY and client.info.n_slots == len(engine.scheduler.kv.slots)
     assert client.stats.load.slots_busy == 0
 
 

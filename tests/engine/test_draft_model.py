@@ -211,7 +211,7 @@ def test_the_engine_generation_finished_normally(engine, target):
 
 
 def test_settings_pass_the_draft_model_on(model_path, tmp_path, monkeypatch):
-    from edgellm.engine.memory_plan import MIB
+    from edgellm.engine.memory_costs import MIB
     from edgellm.runtime.settings import SettingsError, load_settings
 
     with pytest.raises(SettingsError, match="draft model file not found"):

@@ -54,9 +54,9 @@ def outputs(engine: EngineHarness, requests: list[EngineRequest], tag: str, **fl
 
 def test_a_draft_model_equal_to_the_target_is_always_right_and_changes_nothing(drafted):
     scheduler = drafted.scheduler
-    assert scheduler.draft_model is not None
+    assert scheduler.speculation.draft_model is not None
     plain = outputs(drafted, REQUESTS, "plain", speculative=False)
-    scheduler.adaptive_drafts = False  # every slot drafts every step: the verification path at full use
+    scheduler.speculation.adaptive_drafts = False  # every slot drafts every step: the verification path at full use
     try:
         before = (scheduler.stats.drafted_tokens, scheduler.stats.accepted_tokens)
         spec = outputs(drafted, REQUESTS[:3], "spec")  # unguided: the draft sees what the target sees
@@ -64,7 +64,7 @@ def test_a_draft_model_equal_to_the_target_is_always_right_and_changes_nothing(d
         accepted_n = scheduler.stats.accepted_tokens - before[1]
         guided = outputs(drafted, REQUESTS[3:], "spec")
     finally:
-        scheduler.adaptive_drafts = True
+        scheduler.speculation.adaptive_drafts = True
     for key, out in {**spec, **guided}.items():
         assert out.error is None, (key, out.error)
         assert out.text == plain[key].text, key
@@ -81,7 +81,7 @@ def test_the_cost_rule_still_explores_and_keeps_the_text(drafted):
     assert scheduler.stats.drafted_tokens > before  # each request's first draft is sent
     for key, out in spec.items():
         assert out.text == plain[key].text, key
-    assert scheduler.draft_acceptance.p > 0.8  # pooled: the draft model agrees with the target
+    assert scheduler.speculation.draft_acceptance.p > 0.8  # pooled: the draft model agrees with the target
 
 
 def test_a_draft_model_with_speculation_off_is_not_loaded(model_path):
@@ -89,6 +89,6 @@ def test_a_draft_model_with_speculation_off_is_not_loaded(model_path):
         ModelConfig(path=model_path, n_ctx=1024, n_slots=1, draft_model_path=model_path, speculative=False)
     )
     try:
-        assert core.scheduler.draft_model is None
+        assert core.scheduler.speculation.draft_model is None
     finally:
         core.close()

@@ -17,20 +17,15 @@ import os
 
 import pytest
 
-import edgellm.runtime.settings as settings_module
+import edgellm.runtime.model_sizing as model_sizing
 from edgellm.engine import test_hooks
 from edgellm.engine.core import EngineCore
-from edgellm.engine.memory_plan import (
-    DEFAULT_CUDA_CONTEXT_BYTES,
-    MIB,
-    ModelShape,
-    cuda_device_present,
-    format_plan,
-    plan_memory,
-    projector_bytes,
-)
-from edgellm.engine.model import ModelConfig, shrink_ladder
+from edgellm.engine.llama_load import shrink_ladder
+from edgellm.engine.memory_costs import DEFAULT_CUDA_CONTEXT_BYTES, MIB, cuda_device_present, projector_bytes
+from edgellm.engine.memory_plan import format_plan, plan_memory
+from edgellm.engine.model import ModelConfig
 from edgellm.engine.projector import Projector, attach_projector, open_projector
+from edgellm.engine.shape import ModelShape
 from edgellm.runtime.settings import load_settings
 from edgellm.runtime.supervision.ipc import WorkerConfig
 from tests.engine.conftest import EngineHarness, req
@@ -120,7 +115,7 @@ def test_settings_plan_the_projector_and_the_cuda_runtime_only_when_offloading(v
     assert report["projector_bytes"] == projector_bytes(vision_mmproj)
     assert report["cuda_bytes"] == (300 * MIB if cuda_device_present() else 0)
     # No GPU here: pretend the host shows one, to see the setting and n_gpu_layers decide the share.
-    monkeypatch.setattr(settings_module, "cuda_device_present", lambda: True)
+    monkeypatch.setattr(model_sizing, "cuda_device_present", lambda: True)
     for overrides, expected in (({}, 300), ({"cuda_context_mib": 512}, 512), ({"n_gpu_layers": 0}, 0)):
         s = load_settings(None, memory_budget="2GiB", **overrides)
         s.model()
@@ -154,8 +149,8 @@ def test_a_gpu_context_that_does_not_fit_shrinks_the_pool_and_serves(model_path,
         info = core.info
         assert (core.model.n_slots, core.model.n_ctx, core.model.seq_ctx) == (4, pool, pool // 4)  # slots' shares
         assert (info.n_slots, info.n_ctx, info.seq_ctx) == (4, pool, pool // 4)
-        assert len(core.scheduler.slots) == 4 and core.model.config.n_ctx == pool
-        assert core.scheduler.pool.n_cells == pool
+        assert len(core.scheduler.kv.slots) == 4 and core.model.config.n_ctx == pool
+        assert core.scheduler.kv.pool.n_cells == pool
         offload = info.offload
         assert offload["device"] == "gpu" and offload["n_gpu_layers"] > 0
         reason = offload["fallback_reason"]

@@ -8,7 +8,8 @@ import re
 import jsonschema
 import pytest
 
-from edgellm.engine.guide_llguidance import grammar_for, repeat_product
+from edgellm.engine.guide_limits import repeat_product
+from edgellm.engine.guide_llguidance import grammar_for
 from edgellm.engine.types import FinishReason, GuideKind, GuideSpec
 from edgellm.errors import GuideError
 from tests.engine.conftest import req
@@ -238,7 +239,7 @@ def test_the_guide_tokenizer_is_built_once_in_the_pool_or_where_first_needed(eng
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from edgellm.engine.guide_llguidance import GuideBackend
+    from edgellm.engine.guide_matcher import GuideBackend
 
     model = engine.scheduler.model
     schema = GuideSpec(GuideKind.JSON_SCHEMA, {"type": "object", "properties": {"a": {"type": "integer"}}})

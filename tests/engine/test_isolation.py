@@ -90,9 +90,9 @@ def test_decode_failure_is_pinned_on_the_failing_sequence(engine):
     for i in range(4):
         s.add_request(req(f"dec{i}", GOOD[i], temperature=0.0, max_tokens=24, logit_bias={0: -100, 2: -100}))
     outs = {}
-    while s.waiting:  # all four in slots before the fault starts
+    while s.admission.waiting:  # all four in slots before the fault starts
         outs.update({o.request_id: o for o in step_when_prepared(s)})
-    victim["seq"] = next(x.seq_id for x in s.slots if x.request_id == "dec2")
+    victim["seq"] = next(x.seq_id for x in s.kv.slots if x.request_id == "dec2")
     model.decode = flaky
     try:
         while s.has_work():
@@ -190,11 +190,11 @@ class _DoneOnSecondLook(Future):
 
 def test_a_preparation_that_fails_during_admission_fails_only_its_request(engine):
     """Found by the Ratio1 serving's drain test: the prepare pool finished a bad guide's compile after
-    _admit had dropped the failed ones and before it picked the next ready one; .result() raised out
+    admission had dropped the failed ones and before it picked the next ready one; .result() raised out
     of step() (in the native host: a worker crash)."""
     future = _DoneOnSecondLook()
     future.set_exception(InvalidRequest("late failure"))
-    engine.scheduler.waiting.append(PreparedRequest(req("late"), future))
+    engine.scheduler.admission.waiting.append(PreparedRequest(req("late"), future))
     (out,) = engine.scheduler.step()
     assert (out.request_id, out.finished, out.error, out.error_type) == (
         "late",

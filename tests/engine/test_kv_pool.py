@@ -48,11 +48,12 @@ def test_pool_counts_shared_cells_once_and_frees_them_with_their_last_holder():
 
 
 # -- one request, the whole context ----------------------------------------------------------------
-def test_a_3000_token_prompt_answers_on_an_8192_cell_pool(pool_engine):
-    prompt = "Summarise this list in one word: " + text_of(2900)
+def test_a_2000_token_prompt_answers_on_an_8192_cell_pool(pool_engine):
+    # Twice what a fixed slot held (8192 cells / 8 slots = 1024), on a node with nothing else to do.
+    prompt = "Summarise this list in one word: " + text_of(1250)
     out = pool_engine.one(req("long", prompt, temperature=0.0, max_tokens=8))
     assert out.error is None, out.error
-    assert out.prompt_tokens > 3000 and out.completion_tokens > 0
+    assert out.prompt_tokens > 2048 and out.completion_tokens > 0
     assert pool_engine.core.info.n_ctx == 8192 and pool_engine.core.info.seq_ctx == 8192
 
 
@@ -74,7 +75,7 @@ def test_eight_clients_with_one_900_token_system_prompt_store_it_once(pool_engin
     # The first one alone, so that its prompt is in the pool before the others arrive (as a system
     # prompt is, once the first client has asked)
     assert s.add_request(requests[0]) is None
-    while not any(sl.state.name == "DECODE" for sl in s.slots):
+    while not any(sl.state.name == "DECODE" for sl in s.kv.slots):
         step_when_prepared(s)
     for r in requests[1:]:
         assert s.add_request(r) is None
@@ -84,7 +85,7 @@ def test_eight_clients_with_one_900_token_system_prompt_store_it_once(pool_engin
         for o in step_when_prepared(s):
             if o.finished:
                 finished[o.request_id] = o
-        usage = s.pool.usage()
+        usage = s.kv.pool.usage()
         peak_shared = max(peak_shared, s.load()["kv_shared"])
         if usage.held > peak_held:  # the moment the most sequences hold the prompt
             peak_held, used_at_peak = usage.held, usage.used
@@ -144,7 +145,7 @@ def test_a_full_pool_preempts_and_every_request_completes_with_its_tokens_kept(s
     together = small_pool.run(burst())
     assert small_pool.scheduler.stats.preemptions > before, "the burst should not fit without preempting"
     assert small_pool.scheduler.stats.refed_tokens > 0 and at_pause
-    assert not small_pool.scheduler.paused and small_pool.scheduler.pool.used <= 256
+    assert not small_pool.scheduler.kv.paused and small_pool.scheduler.kv.pool.used <= 256
     for rid, out in together.items():
         assert out.error is None, (rid, out.error)
         if rid != "b3":
@@ -171,19 +172,19 @@ def test_a_sequence_with_no_free_cell_after_its_own_is_paused_and_refilled_in_or
     grower = replace(grower, sampling=replace(grower.sampling, logit_bias={2: -100}), cache_lookup=False)
 
     def clear() -> None:  # an empty pool: the next request takes the first cells
-        for slot in s.slots:
+        for slot in s.kv.slots:
             s.model.trim_sequence(slot.seq_id, 0)
-            s.pool.truncate(slot.seq_id, 0)
+            s.kv.pool.truncate(slot.seq_id, 0)
             slot.cached = []
 
     refits = []
-    preempt = s._preempt
+    preempt = s.kv.preempt
 
     def observe(slot, why="the KV pool is full"):
         refits.append(slot.refit)
         preempt(slot, why)
 
-    monkeypatch.setattr(s, "_preempt", observe)
+    monkeypatch.setattr(s.kv, "preempt", observe)
     clear()
     alone = small_pool.one(grower)
     assert refits == [] and alone.completion_tokens == 110
@@ -220,11 +221,11 @@ def test_a_preempted_request_goes_on_exactly_as_it_would_have(layout):
         for o in step_when_prepared(s):
             if o.finished:
                 finals[o.request_id] = o
-        for slot in list(s.slots):
+        for slot in list(s.kv.slots):
             n = len(slot.generated) if slot.state.name == "DECODE" else 0
             if slot.request_id not in paused and n >= 10 + 7 * int(slot.request_id[1:] or 0):
                 paused.add(slot.request_id)
-                s._preempt(slot)  # the real preemption: KV freed, state detached, resumed before new work
+                s.kv.preempt(slot)  # the real preemption: KV freed, state detached, resumed before new work
     assert paused == {r.request_id for r in requests} and s.stats.preemptions >= 4
     for r in requests:
         alone = layout.one(r)

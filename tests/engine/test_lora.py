@@ -17,18 +17,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from edgellm.engine.config import ModelConfig
-from edgellm.engine.lora import (
-    AdapterCache,
-    LoraError,
-    apply_adapters,
-    free_adapter,
-    gguf_adapter,
-    load_adapter,
-    model_shape,
-    permute_rope_rows,
-    resolve_adapter_path,
-)
+from edgellm.engine.lora import gguf_adapter, model_shape, permute_rope_rows
+from edgellm.engine.lora_adapters import AdapterCache, apply_adapters, free_adapter, load_adapter
+from edgellm.engine.lora_paths import resolve_adapter_path
 from edgellm.engine.model import LlamaModel
+from edgellm.errors import LoraError
 
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM = 576, 9, 3, 64  # SmolLM2-135M
 OUT = {"q_proj": N_HEAD * HEAD_DIM, "k_proj": N_HEAD_KV * HEAD_DIM, "v_proj": N_HEAD_KV * HEAD_DIM, "o_proj": N_EMBD}
@@ -552,8 +545,8 @@ def test_lora_module_does_not_import_llama_cpp(model_path, tmp_path):
     """The API process resolves and converts adapters; only the engine process may load llama_cpp."""
     st = write_peft(tmp_path / "p", random_lora(12, ("v_proj",)))
     code = (
-        "import sys; from pathlib import Path; from edgellm.engine import lora; "
-        f"p = lora.resolve_adapter_path('p', [{str(tmp_path)!r}], base_dir=Path({str(tmp_path)!r})); "
+        "import sys; from pathlib import Path; from edgellm.engine import lora, lora_paths; "
+        f"p = lora_paths.resolve_adapter_path('p', [{str(tmp_path)!r}], base_dir=Path({str(tmp_path)!r})); "
         f"lora.gguf_adapter(p, {model_path!r}, Path({str(tmp_path / 'cache')!r})); "
         "print('llama_cpp' in sys.modules)"
     )

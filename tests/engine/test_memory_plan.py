@@ -10,20 +10,11 @@ import pytest
 from gguf import GGUFWriter
 
 from edgellm.engine.gguf_header import array_length, read_metadata
-from edgellm.engine.memory_plan import (
-    GIB,
-    MIB,
-    ModelShape,
-    compute_bytes,
-    default_budget_bytes,
-    format_plan,
-    kv_bytes_per_token,
-    kv_cells,
-    main,
-    parse_size,
-    plan_memory,
-)
-from edgellm.runtime.settings import bundled_model_path
+from edgellm.engine.memory_budget import default_budget_bytes, parse_size
+from edgellm.engine.memory_costs import GIB, MIB, compute_bytes, kv_bytes_per_token, kv_cells
+from edgellm.engine.memory_plan import format_plan, main, plan_memory
+from edgellm.engine.shape import ModelShape
+from edgellm.runtime.model_sizing import bundled_model_path
 
 # Qwen2.5-1.5B-Instruct as a Q4_K_M GGUF: 28 layers, 12 heads (2 KV), hidden 1536, head dim 128, FFN 8960.
 QWEN_1_5B = ModelShape(
@@ -342,7 +333,7 @@ def test_main_refuses_a_plan_that_does_not_fit(model_path, capsys):
 
 
 def test_embeddings_are_planned_for():
-    from edgellm.engine.memory_plan import embedding_bytes
+    from edgellm.engine.memory_costs import embedding_bytes
 
     shape = ModelShape.from_gguf(bundled_model_path())
     context = embedding_bytes(shape, 512)

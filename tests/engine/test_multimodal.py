@@ -45,7 +45,7 @@ def vision(engine, mmproj_files):
     projector = _with_projector(engine, mmproj_files[0])
     yield engine
     engine.scheduler.projector = None
-    for slot in engine.scheduler.slots:  # cached stand-ins mean nothing to the next projector
+    for slot in engine.scheduler.kv.slots:  # cached stand-ins mean nothing to the next projector
         slot.cached = []
     projector.close()
 
@@ -55,7 +55,7 @@ def audio(engine, mmproj_files):
     projector = _with_projector(engine, mmproj_files[1])
     yield engine
     engine.scheduler.projector = None
-    for slot in engine.scheduler.slots:
+    for slot in engine.scheduler.kv.slots:
         slot.cached = []
     projector.close()
 

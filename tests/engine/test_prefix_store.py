@@ -15,10 +15,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from edgellm.engine import kv_fingerprint
 from edgellm.engine import prefix_store as ps
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.kv_fingerprint import model_fingerprint
 from edgellm.engine.model import LlamaModel
-from edgellm.engine.prefix_store import Entry, PrefixStore, model_fingerprint, token_digest
+from edgellm.engine.prefix_store import Entry, PrefixStore, token_digest
 
 MIB = 1024 * 1024
 SEQ_LONG, SEQ_SHORT = 0, 1  # the module model's sequences holding the 1000- and 300-token prefixes
@@ -199,7 +201,7 @@ def test_a_file_whose_load_never_returned_is_dropped_at_the_next_start(model, sh
 
 # -- (3) foreign files --------------------------------------------------------------------------------------
 def test_the_fingerprint_covers_what_makes_a_state_file_foreign(model, tmp_path):
-    base = ps.fingerprint_parts(model)
+    base = kv_fingerprint.fingerprint_parts(model)
     assert base["model"].startswith(f"{os.path.getsize(model.config.path)}-")
     variants = [
         {"seq_ctx": model.seq_ctx // 2},
@@ -209,7 +211,7 @@ def test_the_fingerprint_covers_what_makes_a_state_file_foreign(model, tmp_path)
         {"llama_cpp": "0.0.0"},
         {"model": "1-abc"},
     ]
-    prints = {ps._fingerprint({**base, **v}) for v in variants}
+    prints = {kv_fingerprint.fingerprint({**base, **v}) for v in variants}
     assert len(prints) == len(variants) and model_fingerprint(model) not in prints
     # Another model file (a copy with one byte changed in its last MiB) has another identity.
     other = tmp_path / "other.gguf"
@@ -219,7 +221,7 @@ def test_the_fingerprint_covers_what_makes_a_state_file_foreign(model, tmp_path)
         byte = f.read(1)
         f.seek(-10, os.SEEK_END)
         f.write(bytes([byte[0] ^ 1]))
-    assert ps.file_identity(str(other)) != ps.file_identity(model.config.path)
+    assert kv_fingerprint.file_identity(str(other)) != kv_fingerprint.file_identity(model.config.path)
     fake = SimpleNamespace(config=model.config, seq_ctx=model.seq_ctx * 2, offload=model.offload)
     assert model_fingerprint(fake) != model_fingerprint(model)
 
@@ -432,7 +434,7 @@ def test_settings_turn_it_on_under_the_state_dir(tmp_path, monkeypatch):
 def test_a_damaged_index_starts_the_store_empty_never_stops_the_engine(tmp_path, index):
     folder = tmp_path / "fp"
     folder.mkdir()
-    (folder / ps.INDEX).write_text(index % ps.FORMAT if "%d" in index else index)
+    (folder / ps.INDEX).write_text(index % kv_fingerprint.FORMAT if "%d" in index else index)
     store = PrefixStore(str(tmp_path), "fp", 1 << 20)
     assert store.entries == {}
     assert store.lookup([1, 2, 3]) is None

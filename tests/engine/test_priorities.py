@@ -23,7 +23,7 @@ def ask(rid: str, priority: Priority, max_tokens: int, content: str = "Write a l
 
 
 def in_slot(scheduler, rid: str) -> bool:
-    return any(s.request_id == rid and s.state is not SlotState.IDLE for s in scheduler.slots)
+    return any(s.request_id == rid and s.state is not SlotState.IDLE for s in scheduler.kv.slots)
 
 
 def run_out(scheduler) -> dict:
@@ -40,15 +40,15 @@ def test_a_realtime_request_starts_within_a_step_while_eight_batch_requests_gene
     s = request.getfixturevalue(layout).scheduler
     for i in range(8):
         assert s.add_request(ask(f"batch{i}", Priority.BATCH, 64)) is None
-    while not all(sl.state is SlotState.DECODE for sl in s.slots):
+    while not all(sl.state is SlotState.DECODE for sl in s.kv.slots):
         step_when_prepared(s)
     before = s.stats.preemptions
     assert s.add_request(ask("rt", Priority.REALTIME, 4, "Is the door open? Answer yes or no.")) is None
-    while not s.can_step() or not any(p.ready for p in s.waiting):  # until it is prepared
+    while not s.can_step() or not any(p.ready for p in s.admission.waiting):  # until it is prepared
         s.wait_prepared(1.0)
     s.step()  # the step after it is ready: it is admitted there
     assert in_slot(s, "rt") and s.stats.preemptions == before + 1
-    assert all(p.request.priority is Priority.BATCH for p in s.paused)
+    assert all(p.request.priority is Priority.BATCH for p in s.kv.paused)
     order = []
     finals = {}
     while s.has_work():
@@ -73,7 +73,7 @@ def test_waiting_requests_start_by_priority_then_arrival(two_slots):
     s = two_slots
     for rid in ("i1", "i2"):
         assert s.add_request(ask(rid, Priority.INTERACTIVE, 24)) is None
-    while not all(sl.state is not SlotState.IDLE for sl in s.slots):
+    while not all(sl.state is not SlotState.IDLE for sl in s.kv.slots):
         step_when_prepared(s)
     # Queued behind them, in this order; equal to the running ones or below them: nobody is preempted.
     for rid, lane in (("b1", Priority.BATCH), ("i3", Priority.INTERACTIVE), ("b2", Priority.BATCH)):
@@ -81,7 +81,7 @@ def test_waiting_requests_start_by_priority_then_arrival(two_slots):
     admitted = {}
     while s.has_work():
         step_when_prepared(s)
-        for sl in s.slots:
+        for sl in s.kv.slots:
             if sl.state is not SlotState.IDLE:
                 admitted.setdefault(sl.request_id, sl.admitted)
     assert sorted(admitted, key=admitted.get)[2:] == ["i3", "b1", "b2"] and s.stats.preemptions == 0
@@ -92,7 +92,7 @@ def test_an_interactive_request_preempts_batch_work_but_not_its_equals(two_slots
     before = s.stats.preemptions
     for rid in ("b1", "b2"):
         assert s.add_request(ask(rid, Priority.BATCH, 40)) is None
-    while not all(sl.state is SlotState.DECODE for sl in s.slots):
+    while not all(sl.state is SlotState.DECODE for sl in s.kv.slots):
         step_when_prepared(s)
     assert s.add_request(ask("i1", Priority.INTERACTIVE, 8)) is None
     finals = run_out(s)
@@ -112,11 +112,11 @@ def test_a_request_under_another_adapter_preempts_nothing_and_everything_finishe
     before = s.stats.preemptions
     for rid in ("b1", "b2"):
         assert s.add_request(ask(rid, Priority.BATCH, 24)) is None
-    while not all(sl.state is SlotState.DECODE for sl in s.slots):
+    while not all(sl.state is SlotState.DECODE for sl in s.kv.slots):
         step_when_prepared(s)
     tuned = ask("tuned", Priority.INTERACTIVE, 8)
     tuned.lora_path = str(adapter)
     assert s.add_request(tuned) is None
     finals = run_out(s)
     assert set(finals) == {"b1", "b2", "tuned"} and all(o.error is None for o in finals.values())
-    assert s.stats.preemptions == before and not s.paused
+    assert s.stats.preemptions == before and not s.kv.paused

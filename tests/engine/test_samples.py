@@ -44,13 +44,13 @@ def test_each_sample_has_its_own_seed_stream_and_a_request_repeats(engine):
 
 
 def test_more_samples_than_slots_wait_for_slots(engine):
-    n = len(engine.scheduler.slots) + 3
+    n = len(engine.scheduler.kv.slots) + 3
     out = engine.one(ask("many", CAPITAL, n, temperature=0.0, max_tokens=6))
     assert out.error is None and len(out.choices) == n
     assert [c.index for c in out.choices] == list(range(n))
     assert all(c.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for c in out.choices)
     assert all("Paris" in c.text for c in out.choices)
-    assert not engine.scheduler.groups
+    assert not engine.scheduler.admission.groups
 
 
 def test_guided_samples_each_conform(engine):
@@ -88,7 +88,7 @@ def test_streamed_samples_carry_their_index(engine):
 
 def test_aborting_ends_running_and_waiting_samples_with_one_output(engine):
     scheduler = engine.scheduler
-    n = len(scheduler.slots) + 2
+    n = len(scheduler.kv.slots) + 2
     assert scheduler.add_request(ask("abort-n", "Write a long poem.", n, max_tokens=200)) is None
     finals = []
     for _ in range(4):
@@ -98,7 +98,7 @@ def test_aborting_ends_running_and_waiting_samples_with_one_output(engine):
         finals += [o for o in step_when_prepared(scheduler) if o.finished]
     assert len(finals) == 1
     assert finals[0].finish_reason is FinishReason.ABORT and len(finals[0].choices) == n
-    assert not scheduler.groups
+    assert not scheduler.admission.groups
 
 
 def test_one_failed_sample_fails_the_request_and_stops_the_others(engine, monkeypatch):
@@ -117,4 +117,4 @@ def test_one_failed_sample_fails_the_request_and_stops_the_others(engine, monkey
     assert reasons[1] is FinishReason.ERROR
     assert reasons[0] is FinishReason.ABORT and reasons[2] is FinishReason.ABORT
     assert all(c.completion_tokens < 20 for c in out.choices)  # the others stopped at once
-    assert not engine.scheduler.groups
+    assert not engine.scheduler.admission.groups

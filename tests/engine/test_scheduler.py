@@ -65,14 +65,14 @@ def test_max_tokens_gives_length(engine):
 
 def test_queue_full_is_rejected(engine):
     s = engine.scheduler
-    for i in range(len(s.slots) + s.max_waiting):
+    for i in range(len(s.kv.slots) + s.admission.max_waiting):
         s.add_request(req(f"q{i}", max_tokens=16))
     step_when_prepared(s)  # admits 8 into slots; the waiting queue holds the rest
-    while len(s.waiting) < s.max_waiting:
-        s.add_request(req(f"qq{len(s.waiting)}", max_tokens=16))
+    while len(s.admission.waiting) < s.admission.max_waiting:
+        s.add_request(req(f"qq{len(s.admission.waiting)}", max_tokens=16))
     rejected = s.add_request(req("overflow", max_tokens=16))
     assert rejected is not None and rejected.error_type == "rate_limited" and "queue is full" in rejected.error
-    for i in list(s.waiting) + [x.request for x in s.slots if x.request]:
+    for i in list(s.admission.waiting) + [x.request for x in s.kv.slots if x.request]:
         s.abort(getattr(i, "request", i).request_id)
     while s.has_work():
         s.step()
@@ -82,7 +82,7 @@ def test_cancellation_frees_the_slot_at_the_next_step(engine):
     s = engine.scheduler
     s.add_request(req("cancel-me", max_tokens=500, logit_bias={0: -100, 2: -100}))
     step_when_prepared(s)
-    slot = next(x for x in s.slots if x.request_id == "cancel-me")
+    slot = next(x for x in s.kv.slots if x.request_id == "cancel-me")
     s.abort("cancel-me")
     outs = s.step()
     assert [o.finish_reason for o in outs if o.request_id == "cancel-me"] == [FinishReason.ABORT]

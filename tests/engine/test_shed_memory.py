@@ -48,10 +48,10 @@ def test_compiled_grammars_are_dropped_and_compiled_again(engine):
     spec = GuideSpec(GuideKind.REGEX, r"[0-9]{3}-[0-9]{4}")
     out = engine.one(req("g1", "Give me a phone number.", guide=spec, max_tokens=16, temperature=0))
     assert out.error is None
-    held = guide_llguidance._compile_cached.cache_info().currsize
+    held = guide_llguidance.compile_cached.cache_info().currsize
     assert held >= 1
     assert f"{held} compiled grammar{'' if held == 1 else 's'} dropped" in engine.core.shed_memory()
-    assert guide_llguidance._compile_cached.cache_info().currsize == 0
+    assert guide_llguidance.compile_cached.cache_info().currsize == 0
     again = engine.one(req("g2", "Give me a phone number.", guide=spec, max_tokens=16, temperature=0))
     assert again.error is None and again.text == out.text
 
@@ -67,7 +67,7 @@ def test_idle_lora_adapters_are_freed_the_active_one_kept(engine, tmp_path):
 
     first_a = under("la1", a)
     assert under("lb1", b).error is None and first_a.error is None
-    adapters = engine.core.scheduler._adapters
+    adapters = engine.core.scheduler.admission.adapters
     assert adapters.loaded == [os.fspath(a), os.fspath(b)] and adapters.active == (os.fspath(b), 1.0)
     assert "1 idle LoRA adapter freed" in engine.core.shed_memory()
     assert adapters.loaded == [os.fspath(b)]  # b is on the context: a slot may be running under it
