@@ -87,7 +87,7 @@ class Settings(ModelSizing, BaseSettings):
     # when its plan does not fit.
     memory_budget: str | None = None
     # The CUDA runtime's share of memory_budget once layers go to a GPU (CUDA context, cuBLAS workspace,
-    # llama.cpp's CUDA pools; from the same unified memory on a Jetson): see engine/memory_plan.py for the
+    # llama.cpp's CUDA pools; from the same unified memory on a Jetson): see engine/memory_costs.py for the
     # figures behind the default. Planned only where a CUDA device shows and n_gpu_layers is not 0.
     cuda_context_mib: int = Field(300, ge=0, le=16384)
     n_batch: int = Field(512, ge=32)  # tokens in one llama_decode batch (at least n_slots)
