@@ -461,6 +461,8 @@ def test_an_engine_failure_answers_at_once(ratio1_node):
         assert health.status_code == 503 and "not-a-model.gguf" in health.json()["result"]["error"]
         t0 = time.monotonic()
         r = c.post("/create_chat_completion", json=chat(max_tokens=16))
+        # "At once": no engine to wait for (the client allows 30 s, a queued request would wait its 600 s
+        # timeout); 5 s is a generous bound for one loopback round trip through the node on 2 busy cores.
         assert time.monotonic() - t0 < 5
         assert r.status_code == 503 and r.json()["result"]["error_type"] == "engine_unavailable"
         assert "not-a-model.gguf" in r.json()["result"]["error"]
