@@ -12,6 +12,7 @@ import pytest
 
 from edgellm.engine.info import EngineInfo, EngineLoad, EngineStats
 from edgellm.engine.types import EngineOutput, EngineRequest, SamplingParams
+from edgellm.errors import ErrorType
 from edgellm.runtime.supervision import ipc
 
 
@@ -31,7 +32,7 @@ MESSAGES = [
     ipc.Shutdown(),
     ipc.Phase("loading"),
     ipc.Ready(_info()),
-    ipc.Outputs((EngineOutput.failure("a", "boom", "engine_error"),)),
+    ipc.Outputs((EngineOutput.failure("a", "boom", ErrorType.ENGINE_ERROR),)),
     ipc.Pong(EngineStats(EngineLoad(2, 1, 0, 2, 0))),
     ipc.Fatal("EngineError: no model"),
     ipc.ShedMemory(1),
