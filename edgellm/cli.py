@@ -1,5 +1,6 @@
 """The `edgellm` command: `serve` runs the node, `batch-run` sends a batch, `infer` runs a TensorRT-Edge-LLM
-batch file in-process, `doctor` checks the engine on this machine, `ratio1-node` runs a Ratio1 node."""
+batch file in-process, `synth` makes synthetic records through a node, `doctor` checks the engine on this
+machine, `pull` fetches a model, `ratio1-node` runs a Ratio1 node, `ratio1-install` installs the plugins into one."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@
     │   └── engine.lora.LoraError   400 lora (an adapter that cannot be used)
     ├── Unauthorized                401 unauthorized
     ├── UnknownRequest              404 not_found
-    │   └── openai_compat.ModelNotFound   404 model_not_found
+    │   └── ModelNotFound               404 model_not_found
     ├── PayloadTooLarge             413 payload_too_large
     │   └── media.errors.MediaTooLarge    413 media_too_large
     ├── QueueFull                   429 rate_limited (carries Retry-After)

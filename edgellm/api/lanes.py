@@ -1,6 +1,6 @@
 """Which lanes take new work now: a board in trouble sheds its lowest lane first.
 
-- The board is thermally throttled (runtime/board/telemetry.py `read_throttling`): `batch` pauses. Its work is
+- The board is thermally throttled (runtime/board/throttling.py): `batch` pauses. Its work is
   what can wait, and less load lets the board cool.
 - Memory is short (runtime/board/memory_pressure.py: refusing): `interactive` pauses too.
 - Memory is critical: `realtime` pauses as well; nothing new is taken.

@@ -10,7 +10,7 @@ EngineRequest Service._dispatch would send (submission.engine_request). All of t
 OfflineEngine (edgellm/offline.py: the node's Scheduler and OutputProcessor), which batches them
 continuously; each final output is mapped as the node maps it (results.outcome_of, then
 Outcome.result_or_raise: timeouts 504, guide dead ends 422, engine failures 500) and answered with
-the route's bodies (openai_compat.completion_body / error_body), rendered by the route's
+the route's bodies (dialects/openai_chat.completion_body / error_body), rendered by the route's
 SafeJSONResponse (wire.render) and read back like an HTTP answer (runner.answer_outcome).
 
 A `"url": "/v1/embeddings"` line is answered as the node's embeddings route answers it: the same

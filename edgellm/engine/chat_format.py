@@ -58,7 +58,7 @@ _SYNTAX = {
 }
 
 THINK_START, THINK_END = "<think>", "</think>"
-# Names the template renderer passes itself (engine/model.py): a template kwarg from a request may not
+# Names the template renderer passes itself (engine/chat_prompt.py): a template kwarg from a request may not
 # set them (api/tool_rules.py refuses it with a 400; the renderer drops them all the same).
 RESERVED_TEMPLATE_NAMES = frozenset(
     "messages eos_token bos_token raise_exception add_generation_prompt functions function_call tools "

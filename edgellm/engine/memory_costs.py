@@ -24,7 +24,7 @@ GIB = 1024**3
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 
 # llama.cpp rounds the context up to a multiple of 256 cells; the engine's one unified KV pool
-# (engine/model.py: kv_unified) is a single stream of that many cells. With kv_unified off, each slot is a
+# (engine/llama_load.py: kv_unified) is a single stream of that many cells. With kv_unified off, each slot is a
 # stream of its own, and llama.cpp rounds each one's share up to 256 cells as well.
 CELL_ALIGN = 256
 

@@ -222,7 +222,7 @@ def plan_memory(
 
     n_ctx is the KV cache's cells, n_slots how many requests decode at once: each slot owns n_ctx / n_slots
     of them, or, with kv_unified, they are one pool any one request may use whole (up to n_ctx_train)
-    (engine/model.py). n_slots "auto": 4,
+    (engine/llama_load.py). n_slots "auto": 4,
     fewer (down to 1) when the budget (or an explicit n_ctx) cannot give each of them min_slot_ctx cells at
     once. n_ctx "auto": the largest pool that fits, sized as n_slots requests of a multiple of 256 tokens
     each, at most min(n_ctx_train, max_slot_ctx) each; when even min_slot_ctx each does not fit, the plan

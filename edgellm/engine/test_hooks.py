@@ -3,7 +3,7 @@
 A test makes the GPU model load, or the GPU context, fail, to exercise the CPU fallback on a machine
 without a GPU (settings EDGELLM_FORCE_GPU_FAILURE / EDGELLM_FORCE_GPU_CONTEXT_FAILURE); or pretends the
 GPU holds only so many KV cells (gpu_context_max_cells), to exercise the smaller shapes tried on the GPU
-before that fallback (engine/model.py's shrink_ladder); or makes the projector's GPU init fail, to
+before that fallback (engine/llama_load.py's shrink_ladder); or makes the projector's GPU init fail, to
 exercise its retry on the CPU (engine/projector.py). They stand in for llama.cpp's failed allocations,
 which a CPU build never makes. The hooks are installed here, once, by whoever starts the engine (the
 worker, from its WorkerConfig; an engine test, directly); the loaders read them. Nothing on the

@@ -122,10 +122,6 @@ class Ratio1Node:
         return self.instances[0].port
 
     @property
-    def data_dir(self) -> Path:
-        return self.workdir / "_local_cache" / "_data"
-
-    @property
     def output_dir(self) -> Path:
         """The node's output folder (plugins write files there: get_output_folder())."""
         return self.workdir / "_local_cache" / "_output"

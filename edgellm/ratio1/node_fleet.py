@@ -1,5 +1,5 @@
 """Several offline Ratio1 nodes on one broker, ChainStore replicating between them: request balancing's
-ground, as the Ratio1 tests and tools/bench_fleet.py run it.
+ground, as the Ratio1 tests and tools/bench/fleet.py run it.
 
 Separate from launcher.py, which runs one node: a fleet is the order in which several are keyed,
 whitelisted, launched, waited for and stopped (the broker they share last).

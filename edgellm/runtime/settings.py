@@ -193,7 +193,7 @@ class Settings(ModelSizing, BaseSettings):
     engine_hang_timeout_s: float = Field(60.0, ge=1, le=3600)
     force_gpu_failure: bool = False  # test hook: make the GPU load fail to exercise the CPU fallback
     force_gpu_context_failure: bool = False  # test hook: make the GPU context creation fail (same fallback)
-    # test hooks: a pretend GPU that holds only this many KV cells (the shrink ladder, engine/model.py), and
+    # test hooks: a pretend GPU that holds only this many KV cells (the shrink ladder, engine/llama_load.py), and
     # a projector whose GPU init fails (it then runs on the CPU)
     force_gpu_context_max_cells: int | None = Field(None, ge=1)  # test hook: a GPU that holds only this many cells
     force_gpu_projector_failure: bool = False  # test hook: the projector's GPU init fails (it runs on the CPU)

@@ -1,6 +1,6 @@
 """The Responses API dialect (api/dialects/responses*.py): mapping, refusals, stored responses, stream events.
 
-Pure: the chat bodies built here go through the chat route's own parse (openai_compat), the response
+Pure: the chat bodies built here go through the chat route's own parse (dialects/openai_chat), the response
 objects and events are read back with the official SDK's types (strict pydantic validation).
 """
 

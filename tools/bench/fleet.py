@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.ratio1.launcher import NodeOptions, Ratio1Node  # noqa: E402
 from edgellm.ratio1.node_fleet import fleet  # noqa: E402
+from edgellm.ratio1.ports import free_port  # noqa: E402
 from tools.bench.results import Table, percentile, times, write_results  # noqa: E402
-from tools.bench.servers import free_port, run_main  # noqa: E402
+from tools.bench.servers import run_main  # noqa: E402
 
 BALANCING = {
     "REQUEST_BALANCING_ENABLED": True,

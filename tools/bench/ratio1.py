@@ -26,9 +26,10 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgellm.ratio1.launcher import NodeOptions, Ratio1Node  # noqa: E402
+from edgellm.ratio1.ports import free_port  # noqa: E402
 from tools.bench.prompts import PROMPTS  # noqa: E402  (the same prompts as the node benchmark)
 from tools.bench.results import Table, times  # noqa: E402
-from tools.bench.servers import EdgellmNode, free_port, pss_mb, run_main, tree_pids  # noqa: E402
+from tools.bench.servers import EdgellmNode, pss_mb, run_main, tree_pids  # noqa: E402
 
 
 def body(i: int, max_tokens: int) -> dict:

@@ -33,7 +33,6 @@ __all__ = [
     "LlamaServer",
     "Server",
     "clean_env",
-    "free_port",
     "llama_binaries",
     "model_and_env",
     "pss_mb",

@@ -6,7 +6,7 @@ the largest process, which is our engine worker, and every request in it is lost
 little before that point keeps what is already running alive: a 503 with Retry-After tells the caller to
 come back, and the requests in flight finish in the memory they already hold.
 
-Three sources, read about once a second on a daemon thread by runtime/board/memory_readings.py (paths
+Three sources, read by runtime/board/memory_readings.py about once a second on this module's daemon thread (paths
 relative to `root`, so tests point it at a fake tree, as runtime/board/telemetry.py does):
 
 - /proc/meminfo `MemAvailable` (kB): the kernel's estimate of what can be allocated without swapping,

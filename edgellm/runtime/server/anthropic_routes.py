@@ -25,7 +25,7 @@ API_KEY_HEADER = "x-api-key"  # the Anthropic clients' header; Authorization: Be
 
 
 def error_response(exc: EdgeLLMError) -> Response:
-    """An error in Anthropic's shape (also used for the refusals made before a route runs, app.py)."""
+    """An error in Anthropic's shape (also used for the refusals made before a route runs: error_handlers.py)."""
     return JSONResponse(aa.error_body(exc), status_code=exc.http_status, headers=exc.headers)
 
 

@@ -80,7 +80,7 @@ def create_app(
     service.pressure = pressure
     mode = ResponseMode(settings.response_format)
     node = node or node_identity(settings)
-    drain = Drain()  # cli.py starts it on SIGTERM
+    drain = Drain()  # cli_serve.py starts it on SIGTERM
     lifespan = engine_lifespan(
         settings,
         served,

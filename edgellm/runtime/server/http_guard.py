@@ -36,7 +36,7 @@ from edgellm.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
-from edgellm.wire import body_too_large  # noqa: F401 (shared with batch-run --local; imported from here too)
+from edgellm.wire import body_too_large
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

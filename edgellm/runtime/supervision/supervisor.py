@@ -2,7 +2,7 @@
 
 Start: the worker reports its phase (loading, warm-up) until READY. One that dies, fails or hangs
 before READY is started again a bounded number of times with a doubling backoff; after the last
-attempt `start()` raises and the node exits (runtime/cli.py), so systemd sees the failure and why.
+attempt `start()` raises and the node exits (edgellm/cli_serve.py), so systemd sees the failure and why.
 Running: alive = the OS says so AND it answered a ping recently; a hung worker is killed. When a
 READY worker dies, it is restarted (with the same bound and backoff) and each in-flight request is
 sent again once; a request whose second attempt is also lost fails with a clear error. When every
