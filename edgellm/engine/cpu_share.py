@@ -53,7 +53,7 @@ class ThreadGovernor:
 
     def __init__(self, max_threads: int, apply: Callable[[int], None], *, cores: int | None = None):
         self.max_threads = max_threads
-        self.cores = cores or _affinity_cores()
+        self.cores = cores or affinity_cores()
         self.apply = apply
         self.current = max_threads
         self.switches = 0
@@ -90,7 +90,9 @@ class ThreadGovernor:
         self.switches += 1
 
 
-def _affinity_cores() -> int:
+def affinity_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the CPU count where there is none): the engine's
+    default thread count and the governor's ceiling."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux

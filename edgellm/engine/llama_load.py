@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +36,6 @@ class OffloadInfo:
     @property
     def device(self) -> str:
         return "gpu" if self.n_gpu_layers > 0 else "cpu"
-
-
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def ensure_backend() -> None:

@@ -21,10 +21,10 @@ import numpy as np
 from edgellm.engine import test_hooks
 from edgellm.engine.chat_prompt import ChatPrompt
 from edgellm.engine.config import ModelConfig
+from edgellm.engine.cpu_share import affinity_cores
 from edgellm.engine.llama_load import (
     OffloadInfo,
     can_drop_suffix,
-    default_threads,
     ensure_backend,
     free_llama,
     load_model,
@@ -65,7 +65,7 @@ class LlamaModel(ChatPrompt):
         self.offload = self._load(config, hooks.gpu_load_failure)
         self._init_vocab()
         self.n_embd = int(L.llama_model_n_embd(self.model))
-        self.n_threads = config.n_threads or default_threads()
+        self.n_threads = config.n_threads or affinity_cores()
         self.n_slots = config.n_slots  # sequences decoding at once (the batch width)
         self.unified = config.kv_unified  # one KV pool (True) or n_ctx / n_slots cells owned by each slot
         streams = 1 if self.unified else config.n_slots
