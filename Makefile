@@ -85,16 +85,15 @@ endef
 # websockets pinned for it (requirements/constraints.txt), not the code. So each runs the quick tests
 # (every parser, validator, translator, the registry, auth, settings, IPC, crash guard, media, synth,
 # batch/infer contracts: ~1400 tests, ~50 s) and a smoke of the node serving real requests on that Python
-# (uvicorn, the worker process, the engine; the routes of every dialect; on 3.10 also the engine's sampler
-# and guides over its older numpy): ~1 min more. tests/ratio1 is left out: the Ratio1 node runs in its own
+# (uvicorn, the worker process, the engine, the seed and OpenAI routes; on 3.10 also the engine's sampler
+# and guides over its older numpy; the other dialects' translators are pure Python, in the quick tests):
+# ~40-60 s more. tests/ratio1 is left out: the Ratio1 node runs in its own
 # venv's Python (EDGELLM_RATIO1_PYTHON). The node's process, crash and timing tests are the same code on any
 # Python: the 3.11 pass runs them.
 QUICK = -q -p no:cacheprovider -m "not slow" --basetemp=build/pytest-$(1)
 VENV310 ?= .venv310
 VENV313 ?= .venv313
-PY310_SMOKE := tests/runtime/test_http_api.py tests/runtime/test_openai_route.py tests/runtime/test_anthropic_route.py \
-  tests/runtime/test_responses_route.py tests/runtime/test_completions_route.py \
-  tests/runtime/test_engine_task_routes.py tests/engine/test_core.py tests/engine/test_guided.py
+PY310_SMOKE := tests/runtime/test_http_api.py tests/runtime/test_openai_route.py tests/engine/test_core.py tests/engine/test_guided.py
 PY313_SMOKE := tests/runtime/test_http_api.py tests/runtime/test_openai_route.py
 
 venv-py310:

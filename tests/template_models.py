@@ -37,6 +37,22 @@ def model_with_template(name: str, out_dir: Path) -> Path:
     return out
 
 
+def model_without_template(out_dir: Path) -> Path:
+    """A copy of the bundled model without `tokenizer.chat_template` (a base model's GGUF): served as ChatML,
+    with a warning at start and in /status."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    out = Path(out_dir) / "smollm2-no-template.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        reader = gguf.GGUFReader(bundled_model_path(), "r")
+        arch = reader.get_field("general.architecture").contents()
+        writer = gguf.GGUFWriter(str(out), arch=arch, endianess=reader.endianess)
+        copy_with_new_metadata(reader, writer, {}, [gguf.Keys.Tokenizer.CHAT_TEMPLATE])
+    return out
+
+
 def model_with_pooling(pooling: int, out_dir: Path) -> Path:
     """A copy of the bundled model that declares `llama.pooling_type` (llama.cpp's enum: 1 mean, 2 cls,
     3 last): a stand-in for a dedicated embedding model, made with the gguf package's own copier."""

@@ -1,7 +1,8 @@
 """The messages rule of a chat request: the conversation a body sends, checked and normalised.
 
-Count and roles, each turn's content (a trimmed string, or content parts parsed by media/parts.py),
-the tool turns (an assistant's calls, a tool's answer to one of them: api/tool_rules.py), lone
+Count and roles, each turn's content (a trimmed string, or content parts parsed by media/parts.py), an
+assistant turn's earlier `reasoning_content` (kept: Qwen3-style templates render it), the tool turns (an
+assistant's calls, a tool's answer to one of them: api/tool_rules.py), lone
 surrogates, and the prompt's size as summed UTF-8 bytes. Apart from the body's field rules
 (validation.py) because the conversation has rules across its turns (a tool turn answers an earlier
 call, the prompt's bytes are summed), and because a peer's delegated request (fleet/balancer.py) is
@@ -50,6 +51,14 @@ def normalized_messages(value: Any, *, max_messages: int, max_prompt_bytes: int)
         if role == "assistant" and msg.get("tool_calls") not in (None, []):
             extra["tool_calls"] = tool_rules.assistant_calls(i, msg["tool_calls"], call_ids)
             total += sum(len(c["function"]["arguments"]) for c in extra["tool_calls"])
+        reasoning = msg.get("reasoning_content") if role == "assistant" else None
+        if reasoning not in (None, ""):  # earlier thinking: templates that show it again (Qwen3) read it
+            if not isinstance(reasoning, str) or has_surrogate(reasoning):
+                raise InvalidRequest(
+                    f"messages[{i}].reasoning_content must be a string (valid UTF-16)", param="messages"
+                )
+            extra["reasoning_content"] = reasoning
+            total += len(reasoning.encode("utf-8"))
         if role == "tool" and msg.get("tool_call_id") is not None:  # without one: a seed-style tool turn
             extra["tool_call_id"] = tool_rules.tool_call_id(i, msg.get("tool_call_id"), call_ids)
         if role in ("assistant", "tool") and (content is None or (isinstance(content, str) and not content.strip())):
@@ -62,7 +71,7 @@ def normalized_messages(value: Any, *, max_messages: int, max_prompt_bytes: int)
             if n_media:
                 total += text_bytes
                 _check_prompt_bytes(total, max_prompt_bytes, i)
-                out.append({"role": role, "content": parts})
+                out.append({"role": role, "content": parts, **extra})
                 continue
             content = parts[0]["text"]  # text parts only: the plain string they read as
         if not isinstance(content, str):

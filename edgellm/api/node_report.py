@@ -90,6 +90,8 @@ def status_body(
         **health,
         "uptime_s": round(uptime_s, 1),
         "engine_info": info.as_dict() if info is not None else {},
+        # where the chat template comes from; "chatml (fallback: the GGUF has none)" for a GGUF without one
+        "chat_template": info.chat_template if info is not None else None,
         "load": {k: v for k, v in stats.items() if k in STATUS_LOAD},
         "kv_pool": kv_pool(stats),
         "in_flight": in_flight,

@@ -169,15 +169,20 @@ class ReplyReader:
         elif state == "pre":
             self.mode = "name"
         elif state == "end":
+            # Another call (its separator and start, which may be "" + the start) or the block's end.
             self._state = "next"
-            self._expect = [syntax.sep, syntax.close] if syntax.close else [syntax.sep, ""]
+            self._expect = [syntax.sep + syntax.pre] if syntax.parallel else []
+            self._expect.append(syntax.close)
         elif state == "next":
-            if literal == syntax.sep and literal:
-                self._state, self._expect = "pre", [syntax.pre]
+            if literal and literal == syntax.sep + syntax.pre:
+                self.mode = "name"
             else:
                 self.mode = "done"
 
     def _name(self, events: list, final: bool) -> None:
+        if not self.spec.syntax.name_json:
+            self._raw_name(events, final)
+            return
         try:
             name, end = json.JSONDecoder().raw_decode(self.buf, self.pos)
         except json.JSONDecodeError:
@@ -200,6 +205,23 @@ class ReplyReader:
         self.pos = end + len(mid)
         self._open_call(events, name)
         self.mode, self._depth, self._in_string, self._escape = "arguments", 0, False, False
+
+    def _raw_name(self, events: list, final: bool) -> None:
+        """A name written as it is (<function=NAME>): whole once the syntax's `mid` follows it."""
+        mid = self.spec.syntax.mid
+        at = self.buf.find(mid, self.pos)
+        name = self.buf[self.pos : at if at >= 0 else len(self.buf)]
+        if at >= 0 and (not name or "\n" in name):
+            self._break(events)
+        elif at < 0:
+            if self._cut:  # cut inside the name: a call without a whole name is none
+                self._end_cut()
+            elif final:
+                self._break(events)
+        else:
+            self.pos = at + len(mid)
+            self._open_call(events, name)
+            self.mode, self._depth, self._in_string, self._escape = "arguments", 0, False, False
 
     def _open_call(self, events: list, name: str) -> None:
         call = {"id": call_id(self.spec.short_ids), "type": "function", "function": {"name": name, "arguments": ""}}

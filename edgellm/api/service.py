@@ -368,10 +368,11 @@ class Service:
         and template kwargs included), tokenized as generation tokenizes them."""
         return int((await self.render(chat)).result["n_tokens"])
 
-    async def render(self, chat: ChatRequest) -> EngineOutput:
+    async def render(self, chat: ChatRequest, *, add_generation_prompt: bool = True) -> EngineOutput:
         """The prompt text and token count of a validated request (RENDER: /apply-template, counting)."""
         sent = engine_request("", chat, 0, created_at=time.time(), chat_format=self.chat_format())
         sent.task = EngineTask.RENDER
+        sent.add_generation_prompt = add_generation_prompt
         return await self.run_task(sent, min(chat.timeout, 60.0))
 
     async def detokenize(self, tokens: list[int]) -> str:

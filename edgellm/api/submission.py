@@ -134,12 +134,22 @@ def engine_request(
         speculative=not request.disable_spec_decode,
         cut_structure_ok=request.cut_structure_ok,
         n=request.n,
-        template_kwargs=dict(request.chat_template_kwargs),
+        template_kwargs=template_kwargs(request),
         tools=tools,
         thinking=thinking,
         structure=structure,
         reply=reply_spec(request, fmt),
     )
+
+
+def template_kwargs(request: ChatRequest) -> dict[str, Any]:
+    """What the chat template is given besides messages and tools: `enable_thinking` false when the request
+    turns reasoning off (a thinking budget of 0: thinking_budget_tokens 0, reasoning_effort none/minimal),
+    as llama-server does (the renderer's default is true); the client's chat_template_kwargs win."""
+    kwargs: dict[str, Any] = {}
+    if request.thinking_budget_tokens == 0:
+        kwargs["enable_thinking"] = False
+    return {**kwargs, **request.chat_template_kwargs}
 
 
 def _raw_engine_request(

@@ -44,11 +44,11 @@ def tool_guide(
     for i, tool in enumerate(tools):
         fn = tool["function"]
         schema = {**_closed(fn["parameters"]), "x-guidance": JSON_OPTIONS}
-        head = json.dumps(fn["name"], ensure_ascii=False) + syntax.mid
+        head = syntax.name_text(fn["name"]) + syntax.mid
         rules.append(f"named_{i}: {_seq(_lit(head), '%json ' + json.dumps(schema), _lit(syntax.end))}")
         names.append(f"named_{i}")
     named = " | ".join(names)
-    more = f"({_seq(_lit(syntax.sep), 'call')})*" if parallel else ""
+    more = f"({_seq(_lit(syntax.sep), 'call')})*" if parallel and syntax.parallel else ""
     rules.append(f"call: {_seq(_lit(syntax.pre), f'({named})')}")
     if choice == "auto":
         head = syntax.open + syntax.pre

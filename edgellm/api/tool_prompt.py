@@ -13,15 +13,24 @@ import json
 from typing import Any
 
 from edgellm.api.chat_request import ChatRequest
-from edgellm.engine.chat_format import ChatFormat
+from edgellm.engine.chat_format import CallSyntax, ChatFormat
 
 
 def prompt_messages(request: ChatRequest, fmt: ChatFormat) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(messages for the template, the `tools` it is given)."""
     messages, _ = request.engine_messages()
     offered = request.tools if request.calls_tools else []
-    if fmt.syntax.native:
-        return [_native(m) for m in messages], offered
+    syntax = fmt.syntax
+    if syntax.native:
+        # arguments_text: the template joins earlier calls' arguments as text (engine/call_syntax_probe.py)
+        native = messages if syntax.arguments_text else [_native(m) for m in messages]
+        if syntax.shows_tools:
+            return native, offered
+        # A template that renders calls but never the tools (DeepSeek R1 distills): they are described in
+        # the system turn, with a call in the template's own syntax (llama.cpp's polyfill does the same).
+        if offered:
+            native = _with_system(native, tools_instructions(offered, request.tool_choice, _example(syntax)))
+        return native, []
     converted = [_generic(m, messages) for m in messages]
     if offered:
         converted = _with_system(converted, tools_instructions(offered, request.tool_choice))
@@ -64,14 +73,31 @@ def _call_name(messages: list[dict[str, Any]], call_id: str) -> str:
     return "?"
 
 
-def tools_instructions(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> str:
-    """The system turn's description of the tools and of the call envelope (generic format)."""
-    described = [{k: v for k, v in t["function"].items() if k in ("name", "description", "parameters")} for t in tools]
+GENERIC_EXAMPLE = '{"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments>}}]}'
+
+
+def _example(syntax: CallSyntax) -> str:
+    """One call as the syntax writes it, with placeholders."""
+    head = syntax.open + syntax.pre + syntax.name_text("<tool name>") + syntax.mid
+    return head + "{<the arguments>}" + syntax.end + syntax.close
+
+
+def tools_instructions(
+    tools: list[dict[str, Any]], choice: str | dict[str, Any], example: str = GENERIC_EXAMPLE
+) -> str:
+    """The system turn's description of the tools and of a call: the generic format's JSON envelope, or
+    `example`, a call in the template's own syntax."""
+    described = [
+        {k: v for k, v in t["function"].items() if k in ("name", "parameters") or (k == "description" and v)}
+        for t in tools
+    ]
     lines = [
         "You can call these tools (each with a JSON schema of its arguments):",
         json.dumps(described, ensure_ascii=False),
-        "To call tools, answer with only this JSON, one entry per call:",
-        '{"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments>}}]}',
+        "To call tools, answer with only this JSON, one entry per call:"
+        if example == GENERIC_EXAMPLE
+        else "To call a tool, answer with only this:",
+        example,
     ]
     if choice == "auto":
         lines.append("If no tool is needed, answer the user in plain text instead.")

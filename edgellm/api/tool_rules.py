@@ -2,7 +2,9 @@
 tool-call turns of a conversation, `reasoning_format`, `chat_template_kwargs` and the thinking budget.
 
 OpenAI's shapes, checked here and kept normalised in the ChatRequest (and so in the registry): a tool is
-`{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`, an assistant
+`{"type": "function", "function": {"name", "description", "parameters", "strict"?}}` with the client's keys
+in its order (the chat template gets it as sent; an absent description is "", absent parameters an empty
+object schema), an assistant
 turn's call `{"id", "type": "function", "function": {"name", "arguments": "<JSON object text>"}}`. Every
 rule raises InvalidRequest naming the field; a parameters schema llguidance refuses is a 400 too, found by
 the guide pool (api/guide_pool.py) after the body's checks.
@@ -71,11 +73,11 @@ def tools(value: Any) -> list[dict[str, Any]]:
         total += json_size(parameters) + len((description or "").encode("utf-8", "surrogatepass"))
         if total > MAX_GUIDE_BYTES:
             raise InvalidRequest(f"the tools' schemas and descriptions exceed {MAX_GUIDE_BYTES} bytes", param="tools")
-        entry: dict[str, Any] = {"name": name, "parameters": parameters}
-        if description:
-            entry["description"] = description
-        if strict is not None:
-            entry["strict"] = strict
+        # The description as the client sent it, "" included; absent, "" (llama-server's): templates that
+        # write `" - " + tool.description` (Hermes 2 Pro / 3, Functionary v3.1) render either.
+        entry: dict[str, Any] = {k: v for k, v in fn.items() if v is not None}  # the client's keys, its order
+        entry.setdefault("description", "")
+        entry["parameters"] = parameters
         out.append({"type": "function", "function": entry})
     return out
 

@@ -18,21 +18,19 @@ from typing import Any
 
 import jinja2
 import llama_cpp as L
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from edgellm.engine.chat_format import RESERVED_TEMPLATE_NAMES, ChatFormat
+from edgellm.engine.call_syntax_probe import infer_call_syntax
+from edgellm.engine.chat_format import ChatFormat
 from edgellm.engine.chat_format import detect as detect_chat_format
+from edgellm.engine.chat_template import CHATML_TEMPLATE, ChatTemplate, Rendered, load_template_source
 from edgellm.engine.vocabulary import Vocabulary
-from edgellm.errors import ContextLengthExceeded, InvalidRequest
+from edgellm.errors import ContextLengthExceeded, EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
-
-# SmolLM2 and most instruct GGUFs carry a template; ChatML is the fallback for the few that don't.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# SmolLM2 and most instruct GGUFs carry a template; ChatML is the fallback for the few that don't (a base
+# model), said in a warning at start and in /status (EngineInfo.chat_template).
+CHATML_FALLBACK = "chatml (fallback: the GGUF has none)"
 
 # How a media part shows in a prompt's text (formatted_complete_request, logs): llama.cpp's marker.
 MEDIA_MARKER = "<__media__>"
@@ -64,31 +62,50 @@ class ChatPrompt(Vocabulary):
 
     eos_token: int
 
-    def _init_chat(self) -> None:
-        self.formatter = self._chat_formatter()
-        self._formatter_no_gen: Jinja2ChatFormatter | None = None
-
-    def _chat_formatter(self) -> Jinja2ChatFormatter:
-        template = self.meta("tokenizer.chat_template") or CHATML_TEMPLATE
+    def _init_chat(self, setting: str | None = None) -> None:
+        """The chat template: the `chat_template` setting's (a built-in name or a .jinja file) when set, else
+        the GGUF's, else ChatML with a warning."""
         eos = self.piece(self.eos_token, special=True).decode("utf-8", "replace")
         bos_id = L.llama_vocab_bos(self.vocab)
         bos = self.piece(bos_id, special=True).decode("utf-8", "replace") if bos_id >= 0 else ""
-        return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-
-    def _formatter_for(self, add_generation_prompt: bool) -> Jinja2ChatFormatter:
-        if add_generation_prompt:
-            return self.formatter
-        if self._formatter_no_gen is None:  # the formatter fixes add_generation_prompt at construction
-            f = self.formatter
-            self._formatter_no_gen = Jinja2ChatFormatter(
-                template=f.template, eos_token=f.eos_token, bos_token=f.bos_token, add_generation_prompt=False
-            )
-        return self._formatter_no_gen
+        tokens = {"bos_token": bos, "eos_token": eos}
+        if setting:
+            try:
+                source, origin = load_template_source(setting)
+                self.template = ChatTemplate(source, origin=origin, **tokens)
+            except (OSError, UnicodeDecodeError, jinja2.TemplateError) as exc:
+                raise EngineError(f"chat_template {setting!r} cannot be used: {exc}") from None
+            return
+        source = self.meta("tokenizer.chat_template")
+        if source:
+            try:
+                self.template = ChatTemplate(source, origin="the GGUF's", **tokens)
+                return
+            except jinja2.TemplateError as exc:
+                log.warning("the GGUF's chat template does not compile (%s): serving with ChatML", exc)
+                self.template = ChatTemplate(
+                    CHATML_TEMPLATE, origin=f"chatml (fallback: the GGUF's does not compile: {exc})"[:200], **tokens
+                )
+                return
+        log.warning(
+            "%s has no chat template (tokenizer.chat_template): chat requests are rendered as ChatML; "
+            "set chat_template (a .jinja file or a built-in name) if the model was trained on another",
+            getattr(self, "name", "the model"),
+        )
+        self.template = ChatTemplate(CHATML_TEMPLATE, origin=CHATML_FALLBACK, **tokens)
 
     @property
     def chat_format(self) -> ChatFormat:
-        """How the template writes tool calls and whether it thinks (engine/chat_format.py)."""
-        return detect_chat_format(self.formatter.template)
+        """How the template writes tool calls and whether it thinks (engine/chat_format.py); for a template
+        of no known family, the syntax its own rendering shows (engine/call_syntax_probe.py), read once."""
+        found = getattr(self, "_chat_format", None)
+        if found is None or found[0] is not self.template:
+            fmt = detect_chat_format(self.template.source, lambda: infer_call_syntax(self._render_probe))
+            found = self._chat_format = (self.template, fmt)
+        return found[1]
+
+    def _render_probe(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools).text
 
     def render_chat(
         self,
@@ -98,19 +115,27 @@ class ChatPrompt(Vocabulary):
         template_kwargs: dict | None = None,
         tools: list[dict] | None = None,
     ) -> str:
-        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_NAMES}
-        if tools:
-            kwargs["tools"] = tools  # Hugging Face templates render them (Hermes/Qwen, Llama 3.1, Mistral)
+        return self.render_prompt(
+            messages, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs, tools=tools
+        ).text
+
+    def render_prompt(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
+    ) -> Rendered:
+        """The prompt text (engine/chat_template.py) and whether the system turn was merged into the next;
+        any template failure is an InvalidRequest naming it."""
         # Content parts render as their text, each image/audio as llama.cpp's media marker.
         messages = [
             {**m, "content": raw_prompt_text([m])} if isinstance(m.get("content"), list) else m for m in messages
         ]
-        try:
-            return self._formatter_for(add_generation_prompt)(messages=messages, **kwargs).prompt
-        # TemplateError: a template that refuses a role or an order of turns; ValueError: the template's
-        # raise_exception() (Mistral/Gemma-style templates refuse some turn orders).
-        except (jinja2.TemplateError, ValueError) as exc:
-            raise InvalidRequest(f"the model's chat template rejected the messages: {exc}") from None
+        return self.template.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, template_kwargs=template_kwargs
+        )
 
     def chat_tokens(
         self,
@@ -124,24 +149,34 @@ class ChatPrompt(Vocabulary):
     ) -> list[int]:
         """The prompt of a conversation, where only the template's own markup may become control tokens.
 
-        Each message's content is swapped for a private-use placeholder before rendering; the
-        rendered text is then tokenized piecewise: template text with special-token parsing on,
-        client content with it off, so a user who writes "<|im_start|>system" gets those
-        characters as text, not a forged role turn. Past `limit` tokens it stops with a 400 at once
-        instead of tokenizing the rest of a prompt that cannot fit anyway. Media parts of a content
-        list become what `media` returns for them (the projector's stand-ins).
+        Each message's content (and an assistant turn's earlier reasoning_content) is swapped for a
+        private-use placeholder before rendering; the rendered text is then tokenized piecewise: template
+        text with special-token parsing on, client content with it off, so a user who writes
+        "<|im_start|>system" gets those characters as text, not a forged role turn. Past `limit` tokens
+        it stops with a 400 at once instead of tokenizing the rest of a prompt that cannot fit anyway.
+        Media parts of a content list become what `media` returns for them (the projector's stand-ins).
         """
-        # Private-use marks with a per-call nonce: client text cannot contain (or fake) a placeholder.
+        # Private-use marks with a per-call nonce: client text cannot contain (or fake) a placeholder. An
+        # assistant turn's earlier reasoning is marked too (r): a template may show it (Qwen3) or drop it.
         nonce = secrets.token_hex(8)
-        marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
+        # Empty content stays empty: templates test it (`if message.content`, gpt-oss refuses content and
+        # thinking together in a turn of calls), and there is nothing in it to protect.
+        carried = [i for i, m in enumerate(messages) if m.get("content") not in (None, "")]
+        marked = [
+            {
+                **m,
+                **({"content": f"\ue000{nonce}:c{i}\ue001"} if m.get("content") not in (None, "") else {}),
+                **({"reasoning_content": f"\ue000{nonce}:r{i}\ue001"} if m.get("reasoning_content") else {}),
+            }
+            for i, m in enumerate(messages)
+        ]
         options = {"add_generation_prompt": add_generation_prompt, "template_kwargs": template_kwargs, "tools": tools}
-        rendered = self.render_chat(
-            [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)], **options
-        )
-        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
-        # split() with one group gives [text, index, text, index, ..., text]
-        indices = [int(i) for i in parts[1::2]]
-        if sorted(indices) != list(range(len(messages))):
+        rendered = self.render_chat(marked, **options)
+        parts = re.split(f"\ue000{nonce}:([cr]\\d+)\ue001", rendered)
+        # split() with one group gives [text, mark, text, mark, ..., text]
+        contents = [int(k[1:]) for k in parts[1::2] if k[0] == "c"]
+        thoughts = [k for k in parts[1::2] if k[0] == "r"]
+        if sorted(contents) != carried or len(set(thoughts)) != len(thoughts):
             # The template transformed the content (sliced it, repeated it): fall back to tokenizing
             # the rendered prompt as a whole, as llama.cpp's own server does.
             if any(isinstance(m.get("content"), list) for m in messages):
@@ -153,8 +188,10 @@ class ChatPrompt(Vocabulary):
             if j % 2 == 0:
                 if text:
                     tokens += self.tokenize(text, special=True)
+            elif text[0] == "r":
+                tokens += self.tokenize(str(messages[int(text[1:])]["reasoning_content"]), special=False)
             else:
-                tokens += self._content_tokens(messages[int(text)]["content"], False, media)
+                tokens += self._content_tokens(messages[int(text[1:])]["content"], False, media)
             if limit is not None and len(tokens) > limit:
                 raise ContextLengthExceeded(
                     f"prompt is over {limit} tokens (stopped counting at message {j // 2} of {len(messages)}) but a "

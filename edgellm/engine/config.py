@@ -35,6 +35,9 @@ class ModelConfig:
     # prompt lookup (None: prompt lookup). Only with speculative on.
     draft_model_path: str | None = None
     mmproj_path: str | None = None  # a multimodal projector GGUF made for this model (images, audio)
+    # The chat template instead of the GGUF's (engine/chat_template.py): a built-in name ("chatml") or a
+    # .jinja file's path; None: the GGUF's, ChatML when it has none.
+    chat_template: str | None = None
     # /v1/embeddings: a dedicated embedding model (None: the generation model's weights, mean-pooled), and
     # the embedding context's size (the longest input, and the tokens of one batch); 0 turns embeddings off.
     embedding_model_path: str | None = None

@@ -306,6 +306,7 @@ class EngineCore:
             media=self.scheduler.media_caps(),
             pid=os.getpid(),
             chat_format=model.chat_format.as_dict(),
+            chat_template=model.template.origin,
             infill=model.fim_tokens() is not None,
             n_embd=self.scheduler.tasks.n_embd,
             embed_ctx=self.scheduler.tasks.embed_ctx,

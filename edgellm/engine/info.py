@@ -31,6 +31,9 @@ class EngineInfo:
     pid: int
     # ChatFormat.as_dict() (engine/chat_format.py): how the template writes tool calls, whether it thinks
     chat_format: dict[str, Any] = field(default_factory=dict)
+    # Where the chat template comes from: "the GGUF's", "<path or name> (the chat_template setting)", or
+    # "chatml (fallback: the GGUF has none)" (engine/chat_prompt.py)
+    chat_template: str = ""
     infill: bool = False  # the vocabulary has fill-in-the-middle tokens (/v1/completions `suffix`)
     n_embd: int = 0  # the width of an embedding (/v1/embeddings)
     embed_ctx: int = 0  # the most tokens one embedding input may have

@@ -90,7 +90,7 @@ class LlamaModel(ChatPrompt):
         self.eog_tokens = [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
         self.eos_token = L.llama_vocab_eos(self.vocab)
         self.name = os.path.basename(config.path)
-        self._init_chat()
+        self._init_chat(config.chat_template)
         self.partial_trim = self._memory_can_drop_suffix()
 
     # -- loading -------------------------------------------------------------------------------

@@ -262,6 +262,9 @@ class Slot:
             logprobs=logprobs,
             index=self.index,
             reasoning_open=opened,
+            # known from the first output on (a stream's first event tells them: Anthropic's message_start)
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.reused,
         )
 
     def reset(self, *, commit: CacheCommit) -> None:

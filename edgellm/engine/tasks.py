@@ -233,10 +233,9 @@ class Tasks:
             tokens = model.tokenize(p["content"], special=bool(p.get("parse_special", True)))
             if p.get("add_special"):
                 tokens = model.with_special(tokens)
-            body: dict[str, Any] = {"tokens": tokens}
-            if p.get("with_pieces"):
-                body["pieces"] = [{"id": t, "piece": _piece_text(model.piece(t, special=True))} for t in tokens]
-            return body
+            if p.get("with_pieces"):  # llama-server's shape: each token with its text
+                return {"tokens": [{"id": t, "piece": _piece_text(model.piece(t, special=True))} for t in tokens]}
+            return {"tokens": tokens}
         if request.task is EngineTask.DETOKENIZE:
             tokens = model.checked_ids(p.get("tokens", []), "tokens")
             text = b"".join(model.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
@@ -248,13 +247,18 @@ class Tasks:
                 "tools": request.tools,
             }
             room = model.seq_ctx - 1
+            merged = False
             if request.apply_chat_template:
-                prompt = model.render_chat(request.messages, **options)
+                rendered = model.render_prompt(request.messages, **options)
+                prompt, merged = rendered.text, rendered.system_merged
                 n = len(model.chat_tokens(request.messages, **options))
             else:
                 prompt = "".join(str(m.get("content") or "") for m in request.messages)
                 n = len(model.raw_tokens(request.messages))
-            return {"prompt": prompt, "n_tokens": n, "fits": n <= room, "seq_ctx": model.seq_ctx}
+            body = {"prompt": prompt, "n_tokens": n, "fits": n <= room, "seq_ctx": model.seq_ctx}
+            if merged:  # the template has no system role: the system text went into the next turn
+                body["system_role_merged"] = True
+            return body
         raise EngineError(f"unknown engine task {request.task!r}")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from edgellm.engine.chat_template import BUILTIN_TEMPLATES
 from edgellm.engine.config import ModelConfig
 from edgellm.engine.gguf_header import check_gguf_file
 from edgellm.engine.memory_budget import default_budget_bytes, parse_size
@@ -61,6 +62,7 @@ class ServedModel(BaseModel):
     model_path: str
     mmproj_path: str | None = None
     draft_model_path: str | None = None
+    chat_template: str | None = None  # a built-in name ("chatml") or a .jinja file: instead of the GGUF's template
     # A GGUF LoRA adapter applied to every request for this id (the base model plus a fine-tune).
     lora_path: str | None = None
     lora_scale: float = Field(1.0, ge=-4.0, le=4.0)
@@ -241,6 +243,7 @@ class ModelSizing:
             speculative=self.speculative_decoding,
             draft_model_path=self.resolved_draft_model_path() if self.speculative_decoding else None,
             mmproj_path=self.resolved_mmproj_path(),
+            chat_template=self.resolved_chat_template(),
             embedding_model_path=self.resolved_embedding_model_path(),
             embedding_ctx=self.embedding_ctx,
             prefix_cache_dir=os.path.join(self.state_dir, "prefix-cache") if self.prefix_cache else None,
@@ -250,6 +253,16 @@ class ModelSizing:
     def memory_report(self) -> dict[str, Any] | None:
         """The memory plan model() used, for /status (None before model(), or without a readable header)."""
         return self._plan.to_dict() if self._plan is not None else None
+
+    def resolved_chat_template(self) -> str | None:
+        """The chat_template setting: a built-in name as it is, a file checked readable (the engine reads it)."""
+        value = (self.chat_template or "").strip()
+        if not value or value.lower() in BUILTIN_TEMPLATES:
+            return value or None
+        if not os.path.isfile(value):
+            names = ", ".join(sorted(BUILTIN_TEMPLATES))
+            raise SettingsError(f"chat_template: {value} is neither a file nor a built-in template ({names})")
+        return value
 
     def resolved_mmproj_path(self) -> str | None:
         if self.mmproj_path and not os.path.isfile(self.mmproj_path):
@@ -274,6 +287,7 @@ class ModelSizing:
                 "model_path": entry.model_path,
                 "mmproj_path": entry.mmproj_path,
                 "draft_model_path": entry.draft_model_path,
+                "chat_template": entry.chat_template,
                 "model_name": entry.id,
                 **entry.overrides,
             }

@@ -61,6 +61,9 @@ class Settings(ModelSizing, BaseSettings):
     # A multimodal projector GGUF made for model_path (SmolVLM, Qwen2.5-VL, Gemma 3, Ultravox...):
     # images and/or audio in content arrays. Without it the node takes text only.
     mmproj_path: str | None = None
+    # The chat template instead of the GGUF's: a built-in name ("chatml") or a .jinja file's path. Unset: the
+    # GGUF's own; a GGUF with none is served as ChatML, with a warning at start and in /status.
+    chat_template: str | None = None
     # /v1/embeddings: a dedicated embedding GGUF (bge, nomic-embed, e5...: its own pooling); None = the
     # generation model's weights, mean-pooled. embedding_ctx: the embedding context's tokens (the longest
     # input, one batch's tokens), 0 = embeddings off. Both are in the memory plan.

@@ -84,7 +84,8 @@ def test_input_items_map_to_chat_messages():
     assert assistant["content"] == "Let me look." and [c["id"] for c in assistant["tool_calls"]] == ["c1", "c2"]
     assert chat.messages[3] == {"role": "tool", "content": "sunny", "tool_call_id": "c1"}
     assert chat.messages[4]["content"] == "rain"
-    assert chat.tools == [{"type": "function", "function": {"name": "w", "parameters": WEATHER}}]
+    # an absent description reaches the template as "" (llama-server's), so `" - " + description` renders
+    assert chat.tools == [{"type": "function", "function": {"name": "w", "parameters": WEATHER, "description": ""}}]
     assert chat.tool_choice == "auto"
 
 

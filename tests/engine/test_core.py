@@ -12,7 +12,7 @@ from tests.engine.conftest import req
 
 INFO_KEYS = {
     "model_name", "model_path", "n_slots", "seq_ctx", "n_ctx", "n_threads", "n_vocab", "offload",
-    "warmup_ms", "self_test", "media", "pid", "chat_format", "infill", "n_embd", "embed_ctx",
+    "warmup_ms", "self_test", "media", "pid", "chat_format", "chat_template", "infill", "n_embd", "embed_ctx",
 }  # fmt: skip
 LOAD_KEYS = {"slots_total", "slots_busy", "waiting", "n_threads", "thread_switches"}
 

@@ -158,13 +158,15 @@ def test_a_higher_lane_embedding_goes_first_and_its_own_lane_takes_turns():
 @pytest.mark.parametrize(
     ("task", "payload", "key"),
     [
-        (EngineTask.TOKENIZE, {"content": "Hello <|im_start|> world", "with_pieces": True}, "pieces"),
+        (EngineTask.TOKENIZE, {"content": "Hello <|im_start|> world", "with_pieces": True}, "tokens"),
         (EngineTask.DETOKENIZE, {"tokens": [19556, 905]}, "content"),
     ],
 )
 def test_tokenizer_tasks(engine, task, payload, key):
     out = run(engine, [EngineRequest("k", [], task=task, payload=payload)])["k"]
     assert out.error is None and key in out.result
+    if payload.get("with_pieces"):  # llama-server's shape: each token with its text
+        assert all(set(t) == {"id", "piece"} for t in out.result["tokens"]) and "pieces" not in out.result
 
 
 def test_tokenize_parses_control_text_only_when_asked(engine):

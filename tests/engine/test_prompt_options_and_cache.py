@@ -8,8 +8,8 @@ import time
 from dataclasses import replace
 
 import jsonschema
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from edgellm.engine.chat_template import ChatTemplate
 from edgellm.engine.types import CacheCommit, EngineRequest, GuideKind, GuideSpec, SamplingParams, StopCause
 from edgellm.engine.types import FinishReason as FR
 
@@ -58,11 +58,9 @@ def test_template_kwargs_reach_the_template(engine):
     # The bundled SmolLM2 template has no enable_thinking switch: a real formatter with a template that
     # has one (as Qwen3's does) shows the flag arrives; reserved names cannot be overridden.
     model = engine.scheduler.model
-    saved = model.formatter
-    model.formatter = Jinja2ChatFormatter(
-        template="{{ 'THINK' if enable_thinking else 'NOTHINK' }}:{{ messages[0]['content'] }}",
-        eos_token="</s>",
-        bos_token="",
+    saved = model.template
+    model.template = ChatTemplate(
+        "{{ 'THINK' if enable_thinking else 'NOTHINK' }}:{{ messages[0]['content'] }}", eos_token="</s>"
     )
     try:
         msgs = [{"role": "user", "content": "x"}]
@@ -70,7 +68,7 @@ def test_template_kwargs_reach_the_template(engine):
         assert model.render_chat(msgs, template_kwargs={"enable_thinking": False}) == "NOTHINK:x"
         assert model.render_chat(msgs, template_kwargs={"messages": [], "enable_thinking": True}) == "THINK:x"
     finally:
-        model.formatter = saved
+        model.template = saved
 
 
 def test_a_repeated_system_prompt_is_reused_and_bypass_skips_it(engine):

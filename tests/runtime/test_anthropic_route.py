@@ -56,7 +56,19 @@ def test_create_and_stream_add_up_to_the_same_answer(client, model):
         final = stream.get_final_message()
     assert text and text == whole.content[0].text == final.content[0].text
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    total = whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == total
+
+
+def test_message_start_already_counts_the_prompt(client, model):
+    """The stream's first event carries the prompt's real count (the engine's first output has it), not 0."""
+    counted = client.messages.count_tokens(model=model, messages=ASK).input_tokens
+    with client.messages.stream(model=model, max_tokens=4, **GREEDY, messages=ASK) as stream:
+        events = list(stream)
+    assert events[0].type == "message_start"
+    usage = events[0].message.usage
+    assert usage.cache_creation_input_tokens == 0
+    assert usage.input_tokens + usage.cache_read_input_tokens == counted > 0 and usage.input_tokens > 0
 
 
 def test_stop_sequences_end_the_answer_and_are_named(client, model):
@@ -74,7 +86,10 @@ def test_count_tokens_matches_the_prompt_a_request_runs_with(client, model):
     kw = dict(model=model, system="You are brief.", messages=ASK)
     counted = client.messages.count_tokens(**kw)
     ran = client.messages.create(max_tokens=1, **kw)
-    assert counted.input_tokens == ran.usage.input_tokens > 0
+    # input_tokens are the prompt tokens not read from the cache (llama-server's, Anthropic's); together
+    # with the cached ones they are the prompt the count counts
+    assert ran.usage.cache_creation_input_tokens == 0 and ran.usage.cache_read_input_tokens >= 0
+    assert counted.input_tokens == ran.usage.input_tokens + ran.usage.cache_read_input_tokens > 0
     with_tools = client.messages.count_tokens(tools=TOOLS, **kw)
     assert with_tools.input_tokens > counted.input_tokens  # the generic format describes the tools in the prompt
 

@@ -80,7 +80,23 @@ def message_body(
         "content": content_blocks(choice.get("message") or {}),
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0)},
+        "usage": usage_body(
+            usage.get("prompt_tokens", 0),
+            usage.get("completion_tokens", 0),
+            (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+        ),
+    }
+
+
+def usage_body(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """Anthropic's usage, as llama-server writes it: `input_tokens` the prompt tokens not read from the cache,
+    `cache_read_input_tokens` those whose KV the node reused (its prefix cache), no cache writes billed."""
+    cached = max(0, min(int(cached_tokens or 0), int(prompt_tokens or 0)))
+    return {
+        "input_tokens": int(prompt_tokens or 0) - cached,
+        "output_tokens": int(output_tokens or 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     }
 
 
@@ -105,7 +121,8 @@ class StreamEvents:
         self.open: str | None = None  # its kind: "thinking", "text", "tool_use"
         self.held = ""  # whitespace before a text block opens (dropped if a tool call comes instead)
 
-    def start(self, input_tokens: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    def start(self, input_tokens: int, cached_tokens: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+        """message_start (its usage: the prompt as the engine's first output counts it) and a ping."""
         message = {
             "id": f"msg_{self.message_id}",
             "type": "message",
@@ -114,7 +131,7 @@ class StreamEvents:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+            "usage": usage_body(input_tokens, 0, cached_tokens),
         }
         yield "message_start", {"type": "message_start", "message": message}
         yield "ping", {"type": "ping"}
@@ -143,16 +160,21 @@ class StreamEvents:
                     yield self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]})
 
     def finish(
-        self, finish: str | None, by_stop_string: bool, output_tokens: int, input_tokens: int | None = None
+        self,
+        finish: str | None,
+        by_stop_string: bool,
+        output_tokens: int,
+        input_tokens: int | None = None,
+        cached_tokens: int = 0,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """The last events; `input_tokens` too, as message_start may have had none to tell yet."""
+        """The last events; the input's usage again when known (the final counts)."""
         yield from self._close()
         reason, sequence = stop_reason(finish, by_stop_string, self.stops)
         delta = {"stop_reason": reason, "stop_sequence": sequence}
         usage = (
             {"output_tokens": output_tokens}
             if input_tokens is None
-            else {"input_tokens": input_tokens, "output_tokens": output_tokens}
+            else usage_body(input_tokens, output_tokens, cached_tokens)
         )
         yield "message_delta", {"type": "message_delta", "delta": delta, "usage": usage}
         yield "message_stop", {"type": "message_stop"}

@@ -1,7 +1,8 @@
 """The Anthropic Messages dialect: `system` and `messages` (content blocks) -> OpenAI chat messages.
 
 Text and image blocks become user content parts, each tool_result a `tool` turn of its own, an
-assistant's text and tool_use blocks one assistant message with tool_calls (earlier thinking dropped).
+assistant's text and tool_use blocks one assistant message with tool_calls (earlier thinking as its
+reasoning_content).
 `Origins` records where each chat message came from, so an error of the shared rules can name the
 Anthropic block (anthropic_messages.rename_error). Apart from the body's mapping (anthropic_messages.py)
 because it changes with Anthropic's content blocks, not with its request parameters.
@@ -196,9 +197,11 @@ def _tool_result(at: str, block: dict[str, Any]) -> dict[str, Any]:
 
 
 def _assistant_turn(where: str, content: list[Any], origins: Origins) -> dict[str, Any]:
-    """Assistant blocks -> one OpenAI assistant message: text joined, tool_use blocks as tool_calls; earlier
-    thinking is not shown to the model again (as Anthropic drops it from later turns)."""
+    """Assistant blocks -> one OpenAI assistant message: text joined, tool_use blocks as tool_calls, thinking
+    blocks joined as `reasoning_content` (the chat template decides whether it shows them again: Qwen3's do
+    in a tool loop)."""
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
@@ -218,11 +221,16 @@ def _assistant_turn(where: str, content: list[Any], origins: Origins) -> dict[st
             calls.append({"id": block.get("id"), "type": "function", "function": fn})
         elif kind in ("thinking", "redacted_thinking"):
             block_keys(block, at, "messages", {"type", "thinking", "signature", "data"})
+            thought = block.get("thinking")
+            if kind == "thinking" and isinstance(thought, str) and thought:
+                thoughts.append(thought)
         else:
             _unsupported_block(at, block, ("text", "tool_use", "thinking"))
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
+    if thoughts:
+        message["reasoning_content"] = "\n".join(thoughts)
     origins.add(where)
     return message
 

@@ -176,7 +176,8 @@ def _message(i: int, msg: Any) -> Any:
         return msg
     role = "system" if msg.get("role") == "developer" else msg.get("role")
     out = {"role": role, "content": msg.get("content")}
-    for key in ("tool_calls", "tool_call_id"):  # checked by the seed rules (api/tool_rules.py)
+    # checked by the seed rules (api/tool_rules.py, api/message_rules.py: an assistant's earlier reasoning)
+    for key in ("tool_calls", "tool_call_id", "reasoning_content"):
         if msg.get(key) is not None:
             out[key] = msg[key]
     return out

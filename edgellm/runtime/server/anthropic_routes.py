@@ -115,7 +115,7 @@ async def _events(
     events = aa.StreamEvents(public_id(key), model, opts.stop_sequences)
     done = False
     try:
-        for name, data in events.start(first.prompt_tokens):
+        for name, data in events.start(first.prompt_tokens, first.cached_tokens):
             yield aa.sse(name, data)
         out = first
         while True:
@@ -127,7 +127,8 @@ async def _events(
         status, error, error_type = status_of(out)
         if status.value == "completed":
             by_string = out.stop_cause is StopCause.STOP_STRING
-            for name, data in events.finish(finish_reason(out), by_string, out.completion_tokens, out.prompt_tokens):
+            usage = (out.completion_tokens, out.prompt_tokens, out.cached_tokens)
+            for name, data in events.finish(finish_reason(out), by_string, *usage):
                 yield aa.sse(name, data)
         else:
             try:

@@ -1,8 +1,9 @@
 """The routes answered by engine tasks that take no slot: POST /v1/embeddings (OpenAI), and llama-server's
 /tokenize, /detokenize and /apply-template, plus /v1/chat/completions/input_tokens (a prompt's count).
 
-Same auth, body limits and strict JSON as every route; /v1 errors in OpenAI's shape, the others in
-the node's envelope (the app's EdgeLLMError handler).
+Same auth, body limits and strict JSON as every route; /v1 errors in OpenAI's shape, /apply-template's in
+llama-server's ({"error": {"code": 400, "message", "type"}}), /tokenize's and /detokenize's in the node's
+envelope (the app's EdgeLLMError handler).
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from edgellm.api.dialects.embeddings import embeddings_body, parse_detokenize, parse_embeddings, parse_tokenize
-from edgellm.api.dialects.openai_chat import error_body
+from edgellm.api.dialects.openai_chat import ERROR_TYPES, error_body
 from edgellm.api.service import Service
 from edgellm.engine.types import Priority
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import EdgeLLMError, InvalidRequest
 from edgellm.runtime.server.http_common import SafeJSONResponse as JSONResponse
 from edgellm.runtime.server.http_common import authenticate, read_json_body
 
@@ -71,6 +72,25 @@ CHAT_DOC = _body(
     }
 )
 
+APPLY_TEMPLATE_DOC = _body(
+    {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "items": {"type": "object"}},
+            "add_generation_prompt": {"type": "boolean", "default": True},
+        },
+    }
+)
+
+
+def server_error_body(exc: EdgeLLMError) -> dict[str, Any]:
+    """An error as llama-server answers its own routes: {"error": {"code": <HTTP status>, "message", "type"}}."""
+    kind = ERROR_TYPES.get(exc.http_status, "server_error")
+    return {"error": {"code": exc.http_status, "message": exc.message, "type": kind}}
+
+
 TASK_TIMEOUT_S = 120.0  # tokenizer and template answers; embeddings get the node's default timeout
 
 
@@ -112,13 +132,26 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
         limit = max(1, service.config.max_prompt_bytes // 2)
         return (await service.run_task(parse_detokenize(body, limit), TASK_TIMEOUT_S)).result
 
-    @app.post("/apply-template", openapi_extra=CHAT_DOC)
+    @app.post("/apply-template", openapi_extra=APPLY_TEMPLATE_DOC)
     async def apply_template(request: Request):
-        """An OpenAI chat body (model optional) -> the prompt text this node would run for it."""
-        authenticate(service, request)
-        chat = await _chat(request)
-        out = await service.render(chat)
-        return {"prompt": out.result["prompt"]}
+        """An OpenAI chat body (model optional; add_generation_prompt, default true) -> the prompt text this
+        node would run for it; errors in llama-server's shape."""
+        try:
+            authenticate(service, request)
+            body = await read_json_body(request, max_body_bytes)
+            add_generation_prompt = True
+            if isinstance(body, dict) and "add_generation_prompt" in body:
+                body = dict(body)
+                add_generation_prompt = body.pop("add_generation_prompt")
+                if not isinstance(add_generation_prompt, bool):
+                    raise InvalidRequest("add_generation_prompt must be true or false", param="add_generation_prompt")
+            out = await service.render(await _parse_chat(body), add_generation_prompt=add_generation_prompt)
+        except EdgeLLMError as exc:
+            return JSONResponse(server_error_body(exc), status_code=exc.http_status, headers=exc.headers)
+        answer = {"prompt": out.result["prompt"]}
+        if out.result.get("system_role_merged"):  # a template with no system role (Gemma 2): merged into the next turn
+            answer["system_role_merged"] = True
+        return answer
 
     @app.post("/v1/chat/completions/input_tokens", openapi_extra=CHAT_DOC)
     async def input_tokens(request: Request):
@@ -132,7 +165,9 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
         return {"object": "input_tokens", "input_tokens": n}
 
     async def _chat(request: Request):
-        body = await read_json_body(request, max_body_bytes)
+        return await _parse_chat(await read_json_body(request, max_body_bytes))
+
+    async def _parse_chat(body: Any):
         if isinstance(body, dict) and "model" not in body:
             body = {**body, "model": service.model_name}
         if isinstance(body, dict):
