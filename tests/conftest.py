@@ -56,6 +56,7 @@ SLOW_FILES = (
     "test_tool_calls_http.py",
     "test_engine_task_routes.py",
     "test_chat_templates_http.py",
+    "test_template_families_http.py",
     "test_sdnotify.py",
     "test_book_of_record.py",
     "test_fuzz_openapi.py",

@@ -73,10 +73,14 @@ def tools(value: Any) -> list[dict[str, Any]]:
         total += json_size(parameters) + len((description or "").encode("utf-8", "surrogatepass"))
         if total > MAX_GUIDE_BYTES:
             raise InvalidRequest(f"the tools' schemas and descriptions exceed {MAX_GUIDE_BYTES} bytes", param="tools")
-        # The description as the client sent it, "" included; absent, "" (llama-server's): templates that
-        # write `" - " + tool.description` (Hermes 2 Pro / 3, Functionary v3.1) render either.
+        # The description as the client sent it, "" included; absent, "" after the name (llama-server's,
+        # common_chat_tools_to_json_oaicompat): templates that write `" - " + tool.description` (Hermes 2
+        # Pro / 3, Functionary v3.1) render either, and those writing the tool as JSON as llama-server does.
         entry: dict[str, Any] = {k: v for k, v in fn.items() if v is not None}  # the client's keys, its order
-        entry.setdefault("description", "")
+        if "description" not in entry:
+            items = list(entry.items())
+            at = list(entry).index("name") + 1
+            entry = dict([*items[:at], ("description", ""), *items[at:]])
         entry["parameters"] = parameters
         out.append({"type": "function", "function": entry})
     return out

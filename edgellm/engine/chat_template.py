@@ -57,8 +57,14 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separato
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+def clock() -> _dt.datetime:
+    """The moment templates see (`date_string`, `datetime`, `strftime_now`): now, local time. Tests pin it
+    by patching this name (tests/engine/test_template_goldens.py renders at the goldens' fixed date)."""
+    return _dt.datetime.now()
+
+
 def _strftime_now(fmt: str) -> str:
-    return _dt.datetime.now().strftime(str(fmt))
+    return clock().strftime(str(fmt))
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
@@ -140,7 +146,7 @@ class ChatTemplate:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        now = _dt.datetime.now()
+        now = clock()
         context: dict[str, Any] = {
             "messages": messages,
             "bos_token": self.bos_token,
@@ -164,6 +170,8 @@ def merge_system_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     before the next turn's, joined by a newline; a system turn alone becomes a user turn."""
     system, rest = messages[0], messages[1:]
     text = system.get("content") or ""
+    if isinstance(text, list):  # content parts: a system turn carries text only
+        text = "".join(p.get("text", "") for p in text if isinstance(p, dict) and p.get("type") == "text")
     text = text if isinstance(text, str) else str(text)
     if not rest:
         return [{**system, "role": "user", "content": text}]

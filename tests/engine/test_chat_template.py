@@ -127,6 +127,11 @@ def test_a_template_without_a_system_role_gets_it_merged_into_the_first_turn():
     assert parts == [
         {"role": "user", "content": [{"type": "text", "text": "Answer in one word.\n"}, {"type": "text", "text": "hi"}]}
     ]
+    # A system turn of content parts gives its text, never the list's repr.
+    system_parts = {"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]}
+    assert merge_system_turn([system_parts, {"role": "user", "content": "hi"}]) == [
+        {"role": "user", "content": "Be brief.\nhi"}
+    ]
 
 
 def test_enable_thinking_is_true_unless_the_request_turns_reasoning_off():
