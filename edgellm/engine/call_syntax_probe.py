@@ -19,6 +19,7 @@ R1 distills) gets them described in the system turn (api/tool_prompt.py), as lla
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -59,12 +60,7 @@ def _assistant(calls: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([a, b]))
 
 
 def _common_suffix(a: str, b: str) -> int:
