@@ -181,5 +181,7 @@ def reply_spec(request: ChatRequest, fmt: ChatFormat) -> ReplySpec:
     return ReplySpec(
         syntax=fmt.syntax if request.calls_tools else None,
         reasoning=request.reasoning_format == "auto",
-        short_ids=fmt.tool_format is ToolFormat.MISTRAL,
+        # Mistral templates, old and new syntax (a [CALL_ID] one read off the template too), refuse call ids
+        # other than 9 alphanumerics when the calls come back in the next turn.
+        short_ids=fmt.tool_format is ToolFormat.MISTRAL or "[TOOL_CALLS]" in fmt.syntax.trigger,
     )

@@ -159,3 +159,13 @@ def test_a_template_that_never_shows_the_tools_gets_them_in_the_system_turn_with
     assert "<｜tool▁call▁begin｜>function<｜tool▁sep｜><tool name>" in messages[0]["content"]
     prompt = renderer("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")(messages, tools, True)
     assert "get_weather" in prompt  # the model sees what it may call
+
+
+def test_a_mistral_template_read_off_its_rendering_gets_mistral_s_short_call_ids():
+    from edgellm.api.submission import reply_spec
+    from edgellm.api.validation import parse_chat_request
+
+    fmt = format_of("Mistral-Small-3.2-24B-Instruct-2506.jinja")  # [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}
+    assert fmt.tool_format is ToolFormat.TEMPLATE and fmt.syntax.trigger == "[TOOL_CALLS]"
+    request = parse_chat_request({"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS})
+    assert reply_spec(request, fmt).short_ids
