@@ -19,26 +19,15 @@ from edgellm.engine.chat_format import ChatFormat, ToolFormat
 from edgellm.engine.chat_template import CHATML_TEMPLATE, ChatTemplate, load_template_source, merge_system_turn
 from edgellm.errors import InvalidRequest, SettingsError
 from edgellm.runtime.settings import Settings
+from tools.template_goldens import ASK, SYSTEM, WEATHER
+from tools.template_goldens import LOOP as GOLDEN_LOOP
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
 REAL = sorted(
     p.name for p in TEMPLATES.glob("*.jinja") if p.name not in ("hermes.jinja", "mistral.jinja", "thinking.jinja")
 )
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-SYSTEM = [{"role": "system", "content": "Answer in one word."}, *ASK]
-LOOP = [
-    *ASK,
-    {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": "REASONING-BEFORE-THE-CALL",
-        "tool_calls": [
-            {"id": "a1B2c3D4e", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-        ],
-    },
-    {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "18 C, sunny"},
-]
+# The goldens' conversations (tools/template_goldens.py), the tool loop's reasoning a marker to look for.
+LOOP = [{**m, "reasoning_content": "REASONING-BEFORE-THE-CALL"} if "reasoning_content" in m else m for m in GOLDEN_LOOP]
 # The families llama-server renders tools without a description for (issue 44: a 400 here before).
 DESCRIPTION_FAMILIES = (
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
