@@ -14,6 +14,7 @@ import logging
 import re
 import secrets
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import jinja2
@@ -94,18 +95,15 @@ class ChatPrompt(Vocabulary):
         )
         self.template = ChatTemplate(CHATML_TEMPLATE, origin=CHATML_FALLBACK, **tokens)
 
-    @property
+    @cached_property
     def chat_format(self) -> ChatFormat:
         """How the template writes tool calls and whether it thinks (engine/chat_format.py); for a template
-        of no known family, the syntax its own rendering shows (engine/call_syntax_probe.py), read once."""
-        found = getattr(self, "_chat_format", None)
-        if found is None or found[0] is not self.template:
-            fmt = detect_chat_format(self.template.source, lambda: infer_call_syntax(self._render_probe))
-            found = self._chat_format = (self.template, fmt)
-        return found[1]
-
-    def _render_probe(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool) -> str:
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools).text
+        of no known family, the syntax its own rendering shows (engine/call_syntax_probe.py), read once (the
+        template is set once, by _init_chat)."""
+        return detect_chat_format(
+            self.template.source,
+            lambda: infer_call_syntax(lambda m, t, g: self.render_chat(m, add_generation_prompt=g, tools=t)),
+        )
 
     def render_chat(
         self,
