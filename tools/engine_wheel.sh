@@ -38,7 +38,7 @@ CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 WHEEL_ROOT="${EDGELLM_WHEEL_ROOT:-$HOME/.cache/edgellm/wheels}"
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 # edgellm's changes to the vendored llama.cpp (applied to the sdist before building; part of KEY):
-# in-order KV placement in a unified cache and a switch to the row flash-attention kernel (the patch says why).
+# in-order KV placement in a unified cache and a batch-invariant CPU flash-attention kernel (the patch says why).
 PATCH="$REPO/tools/llama_cpp/edgellm.patch"
 
 log() { echo "engine_wheel: $*" >&2; }

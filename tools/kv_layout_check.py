@@ -7,7 +7,7 @@ tokens land in cells *before* its earlier ones (what holes left by finished requ
 shared pool) gets logits up to ~1.0 apart; and the CPU flash-attention kernel is picked by the whole batch's
 shape (a tiled kernel for 64+ query rows, a KV-split one for a lone row over 512+ cells, a row kernel
 otherwise), each summing in another order. The engine's build patches both (tools/llama_cpp/edgellm.patch:
-each token after its sequence's cells; the row kernel only, with batch_invariant), and this check proves it:
+each token after its sequence's cells; a batch-invariant kernel, with batch_invariant), and this check proves it:
 it runs every case with batch_invariant on and off, and exits 0 when every case with it on gives
 bit-identical logits, 1 when any differs (off is reported, not judged). Run it after a llama.cpp bump or a
 patch change.
@@ -119,7 +119,7 @@ def check(m: LlamaModel, args: argparse.Namespace) -> bool:
             "(d) beside another sequence in every step": worst(alone, beside),
             "(e) prompt and continuation re-fed in one batch": worst(alone[-1:], [refed]),
         }
-        kernels = "row kernel only (batch_invariant)" if m.config.batch_invariant else "llama.cpp's kernels by shape"
+        kernels = "batch-invariant kernel" if m.config.batch_invariant else "llama.cpp's kernels by shape"
         print(
             f"llama-cpp-python {llama_cpp.__version__}: kv {args.kv}, flash attention {not args.no_flash_attn}, "
             f"{kernels}"

@@ -11,21 +11,21 @@ class ModelConfig:
     path: str
     n_ctx: int = 8192  # cells of the KV cache
     n_slots: int = 8  # sequences decoding at once
-    # False: each slot owns n_ctx / n_slots cells. True: one KV pool every sequence draws from (any request up
-    # to the whole of it, shared prefixes stored once, preemption when it is full; each token after its
-    # sequence's cells: tools/llama_cpp/edgellm.patch). With batch_invariant off, outputs in a pool depend on
-    # what else runs (docs/jetson.md "Context per request: one KV pool").
-    kv_unified: bool = False
+    # True: one KV pool every sequence draws from (any request up to the whole of it, shared prefixes stored
+    # once, preemption when it is full; each token after its sequence's cells: tools/llama_cpp/edgellm.patch).
+    # False: each slot owns n_ctx / n_slots cells. With batch_invariant off, outputs in a pool depend on what
+    # else runs (docs/jetson.md "Context per request: one KV pool").
+    kv_unified: bool = True
     n_batch: int = 512
     n_threads: int = 0  # 0 = all free cores
     n_gpu_layers: int = -1  # -1 = auto: all layers when llama.cpp can offload, else 0
     flash_attn: bool = True
-    # True: CPU attention runs llama.cpp's row kernel only (tools/llama_cpp/edgellm.patch), so a sequence's
-    # logits are bit-identical whatever else its steps decode and wherever its cells sit, and a preempted
-    # request continues exactly; prompts prefill slower (no tiled kernel: docs/jetson.md "batch invariance").
-    # False: llama.cpp's kernels by batch shape (prefill 1.2-4x faster on CPU; in a pool, outputs vary with
-    # load by up to ~1 logit).
-    batch_invariant: bool = False
+    # True: CPU flash attention runs edgellm's batch-invariant kernel (tools/llama_cpp/edgellm.patch), so a
+    # sequence's logits are bit-identical whatever else its steps decode and wherever its cells sit, and a
+    # preempted request continues exactly; it prefills as fast as llama.cpp's kernels and decodes long
+    # contexts faster (docs/jetson.md "batch invariance"). False: llama.cpp's kernels by batch shape (in a
+    # pool, outputs vary with load by up to ~1 logit). CUDA kernels are llama.cpp's either way.
+    batch_invariant: bool = True
     kv_cache_type: str = "f16"  # or "q8_0": half the KV memory (needs flash attention for V)
     # True: the thread count follows the cores other processes leave free (engine/cpu_share.py), at
     # most n_threads; False: always n_threads.

@@ -78,7 +78,7 @@ class MemoryPlan:
     cuda_bytes: int = 0
     projector_bytes: int = 0
     n_ctx_train: int = 0  # the model's trained context (0: unknown): no request holds more
-    kv_unified: bool = False  # each slot owns kv_cells / n_slots (True: one pool)
+    kv_unified: bool = True  # one pool (False: each slot owns kv_cells / n_slots)
 
     @property
     def total_bytes(self) -> int:
@@ -209,7 +209,7 @@ def plan_memory(
     max_slot_ctx: int = 4096,
     min_slot_ctx: int = 512,
     flash_attn: bool = True,
-    kv_unified: bool = False,
+    kv_unified: bool = True,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     embedding_ctx: int = 0,
     embedding_model: ModelShape | None = None,
@@ -220,8 +220,8 @@ def plan_memory(
     """The context and slot count to run with, and what they cost. Never raises for a plan that does not
     fit: the caller reads `fits` and refuses to start with `refusal()`.
 
-    n_ctx is the KV cache's cells, n_slots how many requests decode at once: each slot owns n_ctx / n_slots
-    of them, or, with kv_unified, they are one pool any one request may use whole (up to n_ctx_train)
+    n_ctx is the KV cache's cells, n_slots how many requests decode at once: with kv_unified (the default)
+    they are one pool any one request may use whole (up to n_ctx_train), else each slot owns n_ctx / n_slots
     (engine/llama_load.py). n_slots "auto": 4,
     fewer (down to 1) when the budget (or an explicit n_ctx) cannot give each of them min_slot_ctx cells at
     once. n_ctx "auto": the largest pool that fits, sized as n_slots requests of a multiple of 256 tokens
@@ -341,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-ctx", default="auto", help="total context tokens, or auto")
     parser.add_argument("--n-slots", default="auto", help="parallel slots, or auto")
     parser.add_argument("--n-batch", type=int, default=512)
-    parser.add_argument("--kv-unified", action="store_true", help="plan one KV pool (default: a share per slot)")
+    parser.add_argument(
+        "--kv-unified",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="plan one KV pool (the default; --no-kv-unified: a share per slot)",
+    )
     parser.add_argument("--no-flash-attn", action="store_true", help="plan for attention without flash attention")
     parser.add_argument("--mmproj", help="a multimodal projector GGUF to plan for")
     parser.add_argument(

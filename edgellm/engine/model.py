@@ -38,8 +38,8 @@ from edgellm.errors import EngineError
 log = logging.getLogger(__name__)
 
 
-# The patched llama.cpp's switch to its row attention kernel (ModelConfig.batch_invariant).
-ROW_KERNEL_ENV = "EDGELLM_FA_ROW_KERNEL"
+# The patched llama.cpp's switch to its batch-invariant CPU attention kernel (ModelConfig.batch_invariant).
+BATCH_INVARIANT_ENV = "EDGELLM_FA_BATCH_INVARIANT"
 
 
 class KvNoRoom(EngineError):
@@ -227,11 +227,11 @@ class LlamaModel(ChatPrompt):
 
     def select_attention_kernel(self) -> None:
         """Before each decode of this model's context: the CPU attention kernel its config asks for. The
-        patched llama.cpp reads EDGELLM_FA_ROW_KERNEL at each call (tools/llama_cpp/edgellm.patch); a
+        patched llama.cpp reads EDGELLM_FA_BATCH_INVARIANT at each call (tools/llama_cpp/edgellm.patch); a
         process-wide variable, so it is set for the model about to decode (tests hold several)."""
         want = "1" if self.config.batch_invariant else "0"
-        if os.environ.get(ROW_KERNEL_ENV) != want:
-            os.environ[ROW_KERNEL_ENV] = want
+        if os.environ.get(BATCH_INVARIANT_ENV) != want:
+            os.environ[BATCH_INVARIANT_ENV] = want
 
     def trim_sequence(self, seq_id: int, keep: int) -> bool:
         """Drop every cached position >= keep of one sequence (keep=0 clears it).

@@ -118,13 +118,13 @@ class Settings(ModelSizing, BaseSettings):
     n_gpu_layers: int | Literal["auto"] = "auto"  # layers offloaded to the GPU; auto = all where llama.cpp can
     flash_attn: bool = True  # llama.cpp's flash attention
     # CPU attention in one kernel whatever the batch (true): a request's output does not depend on what runs
-    # beside it or where its cells sit, and a preempted one goes on exactly, at a slower prefill; false:
-    # llama.cpp's kernels by batch shape (engine/config.py; docs/jetson.md, "batch invariance").
-    batch_invariant: bool = False
-    # n_ctx / n_slots cells owned by each slot (false), or one KV pool for all requests (true: any request up
-    # to the whole pool, shared prefixes, preemption; outputs that depend on what runs beside unless
-    # batch_invariant): see docs/jetson.md "Context per request: one KV pool".
-    kv_unified: bool = False
+    # beside it or where its cells sit, and a preempted one goes on exactly; false: llama.cpp's kernels by
+    # batch shape (engine/config.py; docs/jetson.md, "batch invariance").
+    batch_invariant: bool = True
+    # One KV pool for all requests (true: any request up to the whole pool, shared prefixes, preemption;
+    # outputs that depend on what runs beside unless batch_invariant), or n_ctx / n_slots cells owned by
+    # each slot (false): see docs/jetson.md "Context per request: one KV pool".
+    kv_unified: bool = True
     kv_cache_type: Literal["f16", "q8_0", "f32"] = "f16"  # q8_0 halves KV memory for ~5% decode speed
     response_format: ResponseMode = ResponseMode.WRAPPED  # WRAPPED: in the node envelope; RAW: the result alone
     state_dir: str = Field(default_factory=default_state_dir)  # the registry, prefix cache and start record

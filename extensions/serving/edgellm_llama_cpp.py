@@ -38,8 +38,8 @@ _CONFIG = {
     "N_GPU_LAYERS": None,  # None/"auto"/-1 = all layers when llama.cpp can offload, else CPU
     "FLASH_ATTN": True,
     "KV_CACHE_TYPE": "f16",  # or "q8_0"
-    "KV_UNIFIED": False,  # each slot owns N_CTX / N_SLOTS cells; True: one KV pool (docs/jetson.md "one KV pool")
-    "BATCH_INVARIANT": False,  # True: outputs independent of load, slower CPU prefill (docs/jetson.md)
+    "KV_UNIFIED": True,  # one KV pool (docs/jetson.md "one KV pool"); False: each slot owns N_CTX / N_SLOTS cells
+    "BATCH_INVARIANT": True,  # outputs independent of load and placement (docs/jetson.md "batch invariance")
     "MMPROJ_PATH": None,  # a multimodal projector GGUF made for the model: images and audio in messages
     "MAX_WAITING": 64,  # requests queued in the scheduler beyond the slots (the drain feeds it)
     "SUPPORTED_REQUEST_TYPES": ["LLM"],

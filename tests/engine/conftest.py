@@ -65,12 +65,11 @@ def engine(model_path):
 
 
 @pytest.fixture(scope="session")
-def pool_engine(model_path):
-    """The engine over one KV pool (kv_unified on): any request up to the whole pool, shared prefixes,
-    preemption. Its outputs depend on where a sequence's cells sit (README "one KV pool"): tests on it
-    compare no texts across runs."""
+def slots_engine(model_path):
+    """The engine with each slot owning n_ctx / n_slots cells (kv_unified off), the other layout: a request
+    up to its slot's share, preemption by priority only."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    core = EngineCore(ModelConfig(path=model_path, n_ctx=8192, n_slots=8, kv_unified=True), max_waiting=16)
+    core = EngineCore(ModelConfig(path=model_path, n_ctx=8192, n_slots=8, kv_unified=False), max_waiting=16)
     yield EngineHarness(core)
     core.close()
 

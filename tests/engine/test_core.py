@@ -21,7 +21,7 @@ def test_info_and_stats_keep_the_wire_keys_and_pickle(engine):
     core = engine.core
     info = core.info
     assert set(info.as_dict()) == INFO_KEYS
-    assert info.seq_ctx == min(info.n_ctx // info.n_slots, 8192) and info.offload["device"] in ("cpu", "gpu")  # slots
+    assert info.seq_ctx == min(info.n_ctx, 8192) and info.offload["device"] in ("cpu", "gpu")  # one pool
     assert info.media == core.scheduler.media_caps()
     stats = core.stats.as_dict()
     assert LOAD_KEYS <= set(stats) and set(core.scheduler.stats.as_dict()) <= set(stats)

@@ -31,7 +31,7 @@ def test_a_deadline_that_cannot_be_met_is_refused_up_front_with_a_retry_hint(eng
 
 def test_a_request_that_passes_its_deadline_ends_there_with_its_text(engine):
     r = req("cut", STORY, temperature=0.0, max_tokens=4096, logit_bias=NO_EOS)
-    # ~1000 tokens of room (a slot's share) at ~100 tokens/s: the deadline comes long before the end.
+    # 4096 tokens at ~100 tokens/s: the deadline comes long before the end.
     r.answer_by = time.time() + 2.0
     out = engine.one(r)
     assert out.error is None, out.error

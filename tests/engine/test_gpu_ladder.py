@@ -147,8 +147,8 @@ def test_a_gpu_context_that_does_not_fit_shrinks_the_pool_and_serves(model_path,
     core = _core(model_path)
     try:
         info = core.info
-        assert (core.model.n_slots, core.model.n_ctx, core.model.seq_ctx) == (4, pool, pool // 4)  # slots' shares
-        assert (info.n_slots, info.n_ctx, info.seq_ctx) == (4, pool, pool // 4)
+        assert (core.model.n_slots, core.model.n_ctx, core.model.seq_ctx) == (4, pool, pool)  # one pool
+        assert (info.n_slots, info.n_ctx, info.seq_ctx) == (4, pool, pool)
         assert len(core.scheduler.kv.slots) == 4 and core.model.config.n_ctx == pool
         assert core.scheduler.kv.pool.n_cells == pool
         offload = info.offload

@@ -48,26 +48,26 @@ def test_pool_counts_shared_cells_once_and_frees_them_with_their_last_holder():
 
 
 # -- one request, the whole context ----------------------------------------------------------------
-def test_a_2000_token_prompt_answers_on_an_8192_cell_pool(pool_engine):
+def test_a_2000_token_prompt_answers_on_an_8192_cell_pool(engine):
     # Twice what a fixed slot held (8192 cells / 8 slots = 1024), on a node with nothing else to do.
     prompt = "Summarise this list in one word: " + text_of(1250)
-    out = pool_engine.one(req("long", prompt, temperature=0.0, max_tokens=8))
+    out = engine.one(req("long", prompt, temperature=0.0, max_tokens=8))
     assert out.error is None, out.error
     assert out.prompt_tokens > 2048 and out.completion_tokens > 0
-    assert pool_engine.core.info.n_ctx == 8192 and pool_engine.core.info.seq_ctx == 8192
+    assert engine.core.info.n_ctx == 8192 and engine.core.info.seq_ctx == 8192
 
 
-def test_a_prompt_over_the_model_context_is_refused_with_the_real_limit(pool_engine):
+def test_a_prompt_over_the_model_context_is_refused_with_the_real_limit(engine):
     prompt = text_of(8500)
-    out = pool_engine.one(req("too-long", prompt, max_tokens=4))
+    out = engine.one(req("too-long", prompt, max_tokens=4))
     assert out.error is not None and out.error_type is not None
     assert "a request may hold at most 8191" in out.error, out.error
     assert out.error_type.value == ContextLengthExceeded.error_type.value
 
 
 # -- shared prefixes ------------------------------------------------------------------------------
-def test_eight_clients_with_one_900_token_system_prompt_store_it_once(pool_engine):
-    s = pool_engine.scheduler
+def test_eight_clients_with_one_900_token_system_prompt_store_it_once(engine):
+    s = engine.scheduler
     system = "You are a terse assistant. Rules: " + text_of(880, salt=3)
     requests = [req(f"sys{i}", f"Question {i}: name a colour.", temperature=0.0, max_tokens=24) for i in range(8)]
     for r in requests:

@@ -185,7 +185,7 @@ def test_auto_n_ctx_is_the_largest_that_fits(smol):
     budget = floor.total_bytes + 3000 * 23040  # room for ~3000 more tokens
     plan = plan_memory(smol, budget_bytes=budget, n_slots=4)
     assert plan.fits and plan.auto_ctx
-    assert plan.n_ctx % 256 == 0 and plan.seq_ctx == min(plan.kv_cells // 4, smol.n_ctx_train)  # a slot's share
+    assert plan.n_ctx % 256 == 0 and plan.seq_ctx == min(plan.kv_cells, smol.n_ctx_train)  # the whole pool
     assert 4 * 512 < plan.n_ctx < 4 * 4096
     assert plan.kv_cells == plan.n_ctx  # no padding by llama.cpp beyond what was planned
     one_more = plan_memory(smol, budget_bytes=budget, n_ctx=plan.n_ctx + 4 * 256, n_slots=4)
@@ -319,9 +319,10 @@ def test_main_prints_the_plan(model_path, capsys):
     assert main([model_path, "--budget", "6GiB", "--kv", "q8_0", "--n-slots", "2"]) == 0
     out = capsys.readouterr().out
     assert "KV cache (q8_0" in out and "fits: yes" in out
+    assert "a KV pool of 8192 cells (n_ctx 8192 auto) for 2 slot(s); one request up to 8192" in out
+    assert main([model_path, "--budget", "6GiB", "--n-slots", "2", "--no-kv-unified"]) == 0
+    out = capsys.readouterr().out
     assert "8192 KV cells (n_ctx 8192 auto), each of 2 slot(s) owning its share; one request up to 4096 tokens" in out
-    assert main([model_path, "--budget", "6GiB", "--n-slots", "2", "--kv-unified"]) == 0
-    assert "a KV pool of 8192 cells (n_ctx 8192 auto) for 2 slot(s); one request up to 8192" in capsys.readouterr().out
 
 
 def test_main_refuses_a_plan_that_does_not_fit(model_path, capsys):
@@ -348,8 +349,8 @@ def test_embeddings_are_planned_for():
 
 
 def test_the_slot_layout_pads_each_slot_and_limits_a_request_to_its_share(smol):
-    pool = plan_memory(smol, budget_bytes=6 * GIB, n_ctx=1000, n_slots=3, kv_unified=True)
-    slots = plan_memory(smol, budget_bytes=6 * GIB, n_ctx=1000, n_slots=3)  # the default
+    pool = plan_memory(smol, budget_bytes=6 * GIB, n_ctx=1000, n_slots=3)  # the default
+    slots = plan_memory(smol, budget_bytes=6 * GIB, n_ctx=1000, n_slots=3, kv_unified=False)
     assert (pool.kv_cells, pool.seq_ctx) == (1024, 1024)
     assert (slots.kv_cells, slots.seq_ctx) == (1536, 512)  # 333 a slot -> 999 -> 1024 -> 341 -> 512 a slot
     assert slots.kv_bytes > pool.kv_bytes and not slots.to_dict()["kv_unified"]

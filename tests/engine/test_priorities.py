@@ -35,7 +35,7 @@ def run_out(scheduler) -> dict:
     return finals
 
 
-@pytest.mark.parametrize("layout", ["engine", "pool_engine"])  # slots (the default) and one KV pool
+@pytest.mark.parametrize("layout", ["engine", "slots_engine"])  # one KV pool (the default) and slots
 def test_a_realtime_request_starts_within_a_step_while_eight_batch_requests_generate(layout, request):
     s = request.getfixturevalue(layout).scheduler
     for i in range(8):

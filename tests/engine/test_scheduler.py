@@ -98,7 +98,7 @@ def test_deadline_ends_request_with_timeout(engine):
     assert out.finish_reason is FinishReason.TIMEOUT and 0 < out.completion_tokens < 500
 
 
-def test_prompt_longer_than_a_slot_is_a_clear_error(engine):
-    out = engine.one(req("huge", "word " * 3000))
+def test_prompt_longer_than_a_slot_is_a_clear_error(slots_engine):
+    out = slots_engine.one(req("huge", "word " * 3000))
     assert out.finish_reason is FinishReason.ERROR and out.error_type == "context_length_exceeded"
     assert "a request may hold at most 1023" in out.error

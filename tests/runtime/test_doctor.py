@@ -29,7 +29,7 @@ def test_doctor_passes_on_this_machine_and_says_what_it_ran():
     assert any(line.startswith("build:") and "llama-cpp-python 0.3.36" in line for line in lines), text
     assert any(line.startswith("llama.cpp sees:") and "CPU :" in line for line in lines), text
     assert "memory plan:" in text
-    assert "KV cache of 2048 cells (f16) for 4 slots, up to 512 a request (a slot's share)" in text
+    assert "KV pool of 2048 cells (f16) for 4 slots, up to 2048 a request" in text
     assert "offload decision: cpu" in text
     # The self-test reached the batched kernels: several sequences of >= 64 prompt tokens in one go.
     test = next(line for line in lines if line.startswith("self-test:"))

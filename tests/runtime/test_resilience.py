@@ -112,7 +112,7 @@ def test_a_gpu_context_that_does_not_fit_shrinks_the_pool_before_falling_back_to
             reason = offload["fallback_reason"]
             assert "pool of 8192 cells did not fit" in reason and "running a pool of 4096 cells" in reason, reason
             info = c.get("/status").json()["result"]["engine_info"]
-            assert (info["n_slots"], info["n_ctx"], info["seq_ctx"]) == (4, 4096, 1024), info  # a slot's share
+            assert (info["n_slots"], info["n_ctx"], info["seq_ctx"]) == (4, 4096, 4096), info  # one pool
             assert c.post("/predict", json=chat(max_tokens=16)).status_code == 200
     finally:
         node.stop()

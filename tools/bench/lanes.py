@@ -7,8 +7,8 @@ at a time (never two engines on the cores). Three parts:
 (a) realtime TTFT. A 1-token classification request every 0.5 s (`--realtime` of them; edgellm:
     `priority: realtime`), timed to its answer (one token: the answer is the first token), first with no
     other load, then while 8 batch clients keep every slot busy with long answers (edgellm: `priority:
-    batch`). edgellm on its default layout (a slot each), llama-server with `--kv-unified` (its default,
-    the same cells) and no priorities. p50 / p99 / max, and loaded p99 over unloaded p99 (the issue's goal:
+    batch`). edgellm on its default layout (one pool), llama-server with `--kv-unified` (its default, the
+    same cells) and no priorities. p50 / p99 / max, and loaded p99 over unloaded p99 (the issue's goal:
     <= 2x for edgellm).
 (b) context. The longest prompt each configuration accepts (edgellm: /status `seq_ctx`; llama-server:
     /props), a ~3,000-token prompt sent to each (answered or refused), and how many of 4 concurrent
@@ -237,7 +237,7 @@ def shared_prompt_cells(server: Server) -> dict:
 
 # -- the run --------------------------------------------------------------------------------------
 def report(results: dict) -> str:
-    names = [n for n in ("edgellm", "edgellm-pool", "llama-server") if n in results]
+    names = [n for n in ("edgellm", "edgellm-slots", "llama-server") if n in results]
     realtime = Table(
         "server", "unloaded p50 s", "unloaded p99 s", "loaded p50 s", "loaded p99 s", "loaded p99 / unloaded", "max s"
     )
@@ -293,10 +293,10 @@ def main() -> int:
     results: dict = {"model": model, "threads": THREADS, "slots": SLOTS, "n_ctx": N_CTX, "llama_server": build_info}
     with tempfile.TemporaryDirectory(prefix="bench-lanes-") as tmp:
         tmpdir = Path(tmp)
-        pool_env = {**extra_env, "EDGELLM_KV_UNIFIED": "true"}
+        slots_env = {**extra_env, "EDGELLM_KV_UNIFIED": "false"}
         configs: list[tuple[str, Callable[[Path], Server]]] = [
             ("edgellm", lambda d: EdgellmNode.sized(d, model, THREADS, SLOTS, N_CTX, extra_env)),
-            ("edgellm-pool", lambda d: EdgellmNode.sized(d, model, THREADS, SLOTS, N_CTX, pool_env)),
+            ("edgellm-slots", lambda d: EdgellmNode.sized(d, model, THREADS, SLOTS, N_CTX, slots_env)),
             ("llama-server", lambda d: LlamaServer(server_bin, model, THREADS, SLOTS, N_CTX, True, [], d)),
         ]
         for name, make in configs:
@@ -308,7 +308,7 @@ def main() -> int:
             server.start()
             try:
                 part: dict = {"command": server.cmd}
-                if name != "edgellm-pool":  # realtime lanes: edgellm's default layout against llama-server
+                if name != "edgellm-slots":  # realtime lanes: edgellm's default layout against llama-server
                     part["realtime"] = {
                         "unloaded": realtime_ttft(server, args.realtime, loaded=False),
                         "loaded": realtime_ttft(server, args.realtime, loaded=True),

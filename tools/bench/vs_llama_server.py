@@ -2,8 +2,8 @@
 """edgellm vs llama.cpp's own llama-server, side by side, through /v1/chat/completions.
 
 Same model (the bundled SmolLM2-135M unless --model), 2 threads, 8 slots, 8192 KV cells laid out the same
-on both: each slot its share (llama-server -np 8 -c 8192 --no-kv-unified, edgellm's default) or, with
---edgellm-env EDGELLM_KV_UNIFIED=true, one pool (--kv-unified),
+on both: one pool (llama-server -np 8 -c 8192 --kv-unified, edgellm's default) or, with
+--edgellm-env EDGELLM_KV_UNIFIED=false, each slot its share (--no-kv-unified),
 128 max tokens, temperature 0.7 (top_p 1, top_k 0, min_p 0 sent explicitly: llama-server's own
 defaults differ). llama-server is built once from the pinned llama-cpp-python's sdist with the
 engine's flags (tools/llama_server_build.sh), or taken from --llama-server PATH.
@@ -338,7 +338,7 @@ def main() -> int:
     n_c1 = 2 if args.quick else max(1, args.requests // 2)
     model, extra_env = model_and_env(ap, args)
     try:  # the node's own reading of the variable (pydantic's bool): llama-server gets the layout edgellm runs
-        unified = TypeAdapter(bool).validate_python(extra_env.get("EDGELLM_KV_UNIFIED", False))
+        unified = TypeAdapter(bool).validate_python(extra_env.get("EDGELLM_KV_UNIFIED", True))
     except ValidationError:
         ap.error(f"EDGELLM_KV_UNIFIED={extra_env['EDGELLM_KV_UNIFIED']!r} is not a boolean")
 
