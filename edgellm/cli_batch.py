@@ -55,6 +55,12 @@ def add_batch_arguments(batch: argparse.ArgumentParser) -> None:
         help="override the model of every request; with --local: the GGUF file to load (default: model_path of "
         "the settings), every request then runs on it",
     )
+    batch.add_argument(
+        "--strict-model",
+        action="store_true",
+        help="with --local: a request naming a model the engine does not serve (nor an alias of it, "
+        "model_aliases) fails with the node's 404 instead of running on the served model",
+    )
     batch.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     journal = batch.add_mutually_exclusive_group()
     journal.add_argument(
@@ -94,6 +100,8 @@ def run_batch_command(args: argparse.Namespace) -> int:
     else:
         if args.config is not None:
             return refuse("--config is for --local (the in-process engine's settings)")
+        if getattr(args, "strict_model", False):
+            return refuse("--strict-model is for --local (against a node, the node's unknown_model setting decides)")
         if args.endpoint is None:
             return refuse("--endpoint URL is required (or --local to run on the in-process engine)")
         args.concurrency = 4 if args.concurrency is None else args.concurrency
@@ -137,6 +145,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
                     service_config(settings),
                     settings.body_limit(),
                     override_model=args.model is not None,
+                    strict_model=args.strict_model,
                     on_phase=phase,
                     total=len(batch),
                 )

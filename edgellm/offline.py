@@ -133,6 +133,9 @@ class OfflineEngine:
     def model_states(self) -> None:
         return None
 
+    def keep_alive(self, model: str | None, seconds: float | None) -> bool:
+        return False  # one model, loaded for the node's lifetime
+
     def run(self) -> None:
         """Drive the core until every submitted request has finished."""
         self.core.run_until_idle(self._pending, on_output=lambda out: self._emit([out]))

@@ -52,6 +52,7 @@ SLOW_FILES = (
     "test_openai_route.py",
     "test_responses_route.py",
     "test_anthropic_route.py",
+    "test_ollama_routes.py",
     "test_completions_route.py",
     "test_tool_calls_http.py",
     "test_engine_task_routes.py",

@@ -27,6 +27,7 @@ MAX_SEED = 2**64 - 1
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 1024
 MAX_SAMPLES = 16  # `n`: samples of one prompt (each takes a slot while it generates)
+MAX_REPEAT_LAST_N = 1 << 20  # repeat_last_n: more than any context (Ollama's -1, "the whole context", maps here)
 # Defaults for the API-side prompt caps (defect 3): the engine never sees a prompt larger than this,
 # so a 30,000-message body is a 400 here, not 40 s of template rendering inside the step loop.
 MAX_MESSAGES = 512
@@ -192,6 +193,15 @@ BODY_FIELDS: tuple[BodyField, ...] = (
     _integer("top_k", 0, 0, 100_000, description="0 = off", openai=True, **_TUNING),
     _number("min_p", 0.0, 0.0, 1.0, openai=True, **_TUNING),
     _number("repeat_penalty", 1.0, 0.0, 10.0, low_open=True, openai=True, **_TUNING),
+    _integer(
+        "repeat_last_n",
+        64,
+        1,
+        MAX_REPEAT_LAST_N,
+        description="the last tokens (prompt and output) repeat_penalty counts",
+        openai=True,
+        sampling=True,
+    ),
     # Not `sampling`: the engine gets the seed drawn for a null/-1 one (and recorded), not this value.
     BodyField(
         "seed", int | None, lo=-1, hi=MAX_SEED, description="null or -1 = random (recorded)", extras=True, openai=True

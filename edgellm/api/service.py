@@ -144,7 +144,7 @@ class Service:
         """A seed-endpoint body -> a validated request, with the node's prompt caps and engine limits.
         `disconnected`: the client's state, for dropping a guide check nobody waits for; `owner`: the
         caller, whose token's lane the request runs in (api/auth.py)."""
-        request = parse_chat_request(body, **self.config.limits())
+        request = parse_chat_request(self.config.served_body(body), **self.config.limits())
         request = model_routes.route(request, self.config.routes(), strict=False)
         await self.check_engine_limits(request, disconnected)
         return await self._load_media(self._in_lane(request, owner))
@@ -153,7 +153,9 @@ class Service:
         self, body: Any, disconnected: Callable[[], Awaitable[bool]] | None = None, *, owner: str | None = None
     ) -> tuple[ChatRequest, OpenAIOptions]:
         """An OpenAI chat-completions body -> a validated request and the response options."""
-        request, opts = parse_openai_request(body, self.config.model_ids(), **self.config.limits())
+        request, opts = parse_openai_request(
+            self.config.served_body(body), self.config.model_ids(), **self.config.limits()
+        )
         request = model_routes.route(request, self.config.routes(), strict=True)
         await self.check_engine_limits(request, disconnected)
         return await self._load_media(self._in_lane(request, owner)), opts
@@ -219,6 +221,11 @@ class Service:
     def model_states(self) -> list[dict[str, Any]] | None:
         """Each model's state (loaded, loading, unloaded, failed) when the node serves several; else None."""
         return self.engine.model_states() if self.engine is not None else None
+
+    def keep_alive(self, model: str | None, seconds: float | None) -> bool:
+        """How long `model` stays loaded once idle (Ollama's keep_alive: -1 never unloaded, 0 unloaded once
+        idle, None the node's idle_unload_s); False where the node keeps its one model loaded anyway."""
+        return self.engine.keep_alive(model, seconds) if self.engine is not None else False
 
     def engine_info(self, model: str | None = None) -> EngineInfo | None:
         """The EngineInfo of `model` (None: the default), as of its last load; None before it ever loaded

@@ -20,6 +20,7 @@ from edgellm.api.fields import (
     TEMPERATURE_MIN,
 )
 from edgellm.api.guide_pool import request_checks, shared_pool
+from edgellm.api.model_names import ModelNames, served_body
 from edgellm.api.model_routes import ModelRoute
 from edgellm.api.reply import PLAIN, ReplySpec
 from edgellm.api.tool_grammar import tool_guide
@@ -48,6 +49,17 @@ class ServiceConfig:
     max_completion_tokens: int = MAX_COMPLETION_TOKENS
     media_sources: MediaSources = MediaSources()  # where image/audio references may point
     media_limits: MediaLimits = MediaLimits()
+    # Other names of the served models, (name, id) pairs (settings model_aliases), and what a name the node
+    # does not serve gets: "reject" (404 listing the ids) or "default" (the default model serves it).
+    model_aliases: tuple[tuple[str, str], ...] = ()
+    unknown_model: str = "reject"
+
+    def names(self) -> ModelNames:
+        return ModelNames(tuple(r.id for r in self.routes()), self.model_aliases, self.unknown_model)
+
+    def served_body(self, body: Any) -> Any:
+        """`body` with its `model` the served id an alias or (unknown_model default) a foreign name stands for."""
+        return served_body(body, self.names())[0]
 
     def routes(self) -> tuple[ModelRoute, ...]:
         return self.models or (ModelRoute(self.model_name),)
@@ -83,7 +95,7 @@ def check_vocabulary(request: ChatRequest, n_vocab: int | None) -> None:
 def parse_openai_now(body: Any, config: ServiceConfig, n_vocab: int | None) -> tuple[ChatRequest, OpenAIOptions]:
     """`Service.parse_openai` without a service or an event loop (`edgellm batch-run --local`): the same
     rules in the same order (body, then the guide compiles, then the vocabulary), the same errors."""
-    request, opts = parse_openai_request(body, config.model_name, **config.limits())
+    request, opts = parse_openai_request(config.served_body(body), config.model_name, **config.limits())
     shared_pool().check_now(request_checks(request))
     check_vocabulary(request, n_vocab)
     return request, opts

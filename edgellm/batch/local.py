@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from edgellm.api.dialects.completions_bodies import completion_response
 from edgellm.api.dialects.embeddings import EmbeddingsCall, embeddings_body, parse_embeddings
 from edgellm.api.dialects.openai_chat import OpenAIOptions, completion_body, error_body
 from edgellm.api.guide_pool import request_checks, shared_pool
+from edgellm.api.model_names import ModelNames
 from edgellm.api.results import outcome_of
 from edgellm.api.submission import ServiceConfig, check_vocabulary, engine_request, load_media, parse_openai_now
 from edgellm.api.text_state import RequestOutput
@@ -95,6 +97,7 @@ class LocalTransport:
         max_body_bytes: int,
         *,
         override_model: bool = False,
+        strict_model: bool = False,
         on_phase: Callable[[str, str | None], None] | None = None,
         total: int = 0,
     ):
@@ -107,6 +110,12 @@ class LocalTransport:
         self.max_body_bytes = max_body_bytes
         # --model PATH: every request runs on that file, as --model NAME sends every request to that model.
         self.model_override = self.config.model_name if override_model else None
+        # A line's model this engine does not serve runs on it all the same (its line says `served_by`), as
+        # a file written for another endpoint names that endpoint's model; --strict-model: the node's 404.
+        own = tuple(pair for pair in config.model_aliases if pair[1] == config.model_name)
+        self.names = ModelNames((config.model_name,), own, "reject" if strict_model else "default")
+        self.config = replace(config, unknown_model="reject")  # model_for decided: the rules then see an id
+        self._said_foreign = False
         # The engine is fed as its slots free up: n_slots prepared requests waiting is enough to keep
         # every slot busy, and keeps the time a request waits inside the engine short.
         if on_phase is not None:
@@ -114,9 +123,36 @@ class LocalTransport:
         self.engine = OfflineEngine(model, max_waiting=model.n_slots)
         self.media_caps = MediaCaps.from_dict(self.engine.scheduler.media_caps())
 
+    def model_for(self, req: dict[str, Any]) -> str | None:
+        """The model a line's body names when sent: --model's, or the served id an alias or (without
+        --strict-model) a model this engine does not serve stands for; None: as the line names it."""
+        if self.model_override:
+            return self.model_override
+        name = req.get("model")
+        if not isinstance(name, str) or not name or name == self.config.model_name:
+            return None
+        return self.names.served_id(name)
+
+    def _served_by(self, todo: list[tuple[int, dict[str, Any]]]) -> dict[int, str]:
+        """The lines that run on a model they do not name (the one this engine serves), said once on stderr."""
+        served = {i: m for i, req in todo if not self.model_override and (m := self.model_for(req)) is not None}
+        aliases = {name for name, _ in self.names.aliases}
+        foreign = sorted({str(req.get("model")) for i, req in todo if i in served and req.get("model") not in aliases})
+        if foreign and not self._said_foreign:
+            self._said_foreign = True
+            named = ", ".join(repr(m[:80]) for m in foreign[:3]) + (
+                f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            )
+            print(
+                f"edgellm batch-run: requests name {named}, which this engine does not serve: they run on "
+                f'{self.config.model_name!r} (each such line says "served_by"; --strict-model refuses them)',
+                file=sys.stderr,
+            )
+        return served
+
     def validate(self, req: dict[str, Any]) -> tuple[ChatRequest, OpenAIOptions]:
         """A batch request as the node's route validates its body; raises the EdgeLLMError it would answer."""
-        raw = wire_body(req, self.model_override)
+        raw = wire_body(req, self.model_for(req))
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
@@ -126,7 +162,7 @@ class LocalTransport:
     def validate_completions(self, req: dict[str, Any]) -> tuple[list[ChatRequest], CompletionOptions, list[str]]:
         """A `"url": "/v1/completions"` request as the node's completions route validates it (one request
         per prompt, the prompts' text for `echo`); raises the EdgeLLMError it would answer."""
-        raw = wire_body(req, self.model_override)
+        raw = wire_body(req, self.model_for(req))
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
@@ -155,7 +191,7 @@ class LocalTransport:
     def validate_embeddings(self, req: dict[str, Any]) -> EmbeddingsCall:
         """A `"url": "/v1/embeddings"` request as the node's embeddings route validates it; raises the
         EdgeLLMError it would answer. The EMBED request it holds gets its id and time budget here."""
-        raw = wire_body(req, self.model_override)
+        raw = wire_body(req, self.model_for(req))
         refusal = body_too_large(len(raw), self.max_body_bytes)
         if refusal is not None:
             raise refusal
@@ -201,6 +237,9 @@ class LocalTransport:
         return request_id, request
 
     def run(self, todo: list[tuple[int, dict[str, Any]]], deliver: Deliver) -> None:
+        served_by = self._served_by(todo)
+        if served_by:
+            deliver = _marking(deliver, served_by)
         queued: dict[str, tuple[int, Any, OpenAIOptions, EngineRequest]] = {}
         parts: dict[str, tuple[_Completion, int, EngineRequest]] = {}  # a completions line's prompts
         embeds: dict[str, tuple[int, Any, EmbeddingsCall]] = {}
@@ -320,6 +359,15 @@ class _Completion:
     opts: CompletionOptions
     echoes: list[str]
     outputs: list[tuple[RequestOutput, EngineRequest] | None]
+
+
+def _marking(deliver: Deliver, served_by: dict[int, str]) -> Deliver:
+    """`deliver` whose lines of a model this engine does not serve say which one served them."""
+
+    def marked(i: int, line: dict[str, Any]) -> None:
+        deliver(i, {**line, "served_by": served_by[i]} if i in served_by else line)
+
+    return marked
 
 
 def _line(rid: Any, start: float, code: int, raw: bytes) -> dict[str, Any]:

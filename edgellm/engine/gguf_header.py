@@ -136,6 +136,23 @@ def array_length(path: str | Path, key: str) -> int | None:
     return None
 
 
+def read_scalars(path: str | Path, *, max_string: int = 65_536) -> dict[str, object]:
+    """Every header key's value, for showing a model (Ollama's /api/show model_info): scalars and strings
+    as they are (a string longer than `max_string` characters cut), each array as None (a tokenizer's
+    vocabulary is megabytes nobody reads there). Raises ValueError, or struct.error on a truncated file."""
+    found: dict[str, object] = {}
+    with open(path, "rb") as f:
+        for key, vtype in _keys(f, path):
+            if vtype in _GGUF_SCALAR:
+                found[key] = _read(f, _GGUF_SCALAR[vtype])
+            elif vtype == _GGUF_STRING:
+                found[key] = _read_str(f)[:max_string]
+            else:
+                _skip(f, vtype)
+                found[key] = None
+    return found
+
+
 # (values per block, bytes per block) of the ggml tensor types, by their GGUF type id (ggml.h). Types
 # missing here (newer ones) are sized 0: the check below then under-estimates, it never refuses a
 # file llama.cpp would load.

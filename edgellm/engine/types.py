@@ -113,7 +113,7 @@ class StructureHint:
 class SamplingParams:
     """How one request samples. The API builds it from its field table (api/fields.py, the fields marked
     `sampling`: same names, same defaults, a test holds them equal); `seed` (the one drawn and recorded
-    for the request) and `repeat_last_n` are the engine's own. The engine never imports the API."""
+    for the request) is the engine's own. The engine never imports the API."""
 
     temperature: float = 0.7
     top_p: float = 1.0

@@ -32,6 +32,8 @@ LIVE: frozenset[str] = frozenset(
         "token_lanes",
         "rate_limit_per_minute",
         "log_level",
+        "model_aliases",
+        "unknown_model",
     }
 )
 # Held by the node's own web server, rendered and started once (its main.py: the bind address, the body

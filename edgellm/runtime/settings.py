@@ -112,6 +112,13 @@ class Settings(ModelSizing, BaseSettings):
     models: list[ServedModel] = Field(default_factory=list)
     max_loaded_models: int = Field(0, ge=0, le=64)  # models loaded at once (0 = as many as fit memory_budget)
     idle_unload_s: float = Field(0.0, ge=0)  # unload a model after this long without work (0 = never)
+    # Other names each served model answers to, on every route and in /v1/models and /api/tags: an id -> the
+    # names clients send for it (an app hard-coded to "gpt-4o-mini", Ollama's "qwen2.5:1.5b"). env:
+    # EDGELLM_MODEL_ALIASES='{"SmolLM2-135M-Instruct.Q4_1.gguf": ["gpt-4o-mini", "smollm2:135m"]}'
+    model_aliases: dict[str, list[str]] = Field(default_factory=dict)
+    # A model name the node neither serves nor lists in model_aliases: reject = 404 naming the served ids;
+    # default = the default model (the first) answers it.
+    unknown_model: Literal["reject", "default"] = "reject"
     # While the loaded model has work, requests for another wait at most this long before it is drained
     # and the other loaded (0: at once); an idle worker switches at once.
     model_switch_after_s: float = Field(5.0, ge=0, le=3600)
@@ -236,6 +243,34 @@ class Settings(ModelSizing, BaseSettings):
         if len(set(ids)) != len(ids):
             raise ValueError(f"models: ids must be unique ({', '.join(i for i in ids if ids.count(i) > 1)} repeat)")
         return value
+
+    @model_validator(mode="after")
+    def _aliases_name_served_models(self) -> Settings:
+        """Each alias names one served id and is not itself an id (it would shadow that model)."""
+        if not self.model_aliases:
+            return self
+        try:
+            ids = [m.id for m in self.models] if self.models else [self.served_model_name()]
+        except SettingsError:  # no model file to name the model after: the start says so, not this check
+            return self
+        seen: dict[str, str] = {}
+        for target, names in self.model_aliases.items():
+            if target not in ids:
+                raise ValueError(
+                    f"model_aliases: {target!r} is not a served model id (the node serves {', '.join(map(repr, ids))})"
+                )
+            for name in names:
+                if not name or not name.strip() or len(name) > 256:
+                    raise ValueError(f"model_aliases: {name!r} (of {target!r}) must be 1 to 256 characters")
+                if name in ids:
+                    raise ValueError(f"model_aliases: {name!r} is a served model's id; an alias cannot be one")
+                if seen.setdefault(name, target) != target:
+                    raise ValueError(f"model_aliases: {name!r} is listed for {seen[name]!r} and {target!r}")
+        return self
+
+    def alias_pairs(self) -> tuple[tuple[str, str], ...]:
+        """model_aliases as (name, id) pairs, in the order they are written."""
+        return tuple((name, target) for target, names in self.model_aliases.items() for name in names)
 
     @field_validator("memory_budget")
     @classmethod

@@ -103,8 +103,8 @@ def test_sampling_params_are_built_from_the_table():
     from edgellm.engine.types import SamplingParams
 
     engine_fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
-    # The engine's own knobs (the drawn seed, the penalty window) are the only ones not in the table.
-    assert set(engine_fields) - set(SAMPLING_PARAM_FIELDS) == {"seed", "repeat_last_n"}
+    # The engine's own knob (the drawn seed) is the only one not in the table.
+    assert set(engine_fields) - set(SAMPLING_PARAM_FIELDS) == {"seed"}
     for name in SAMPLING_PARAM_FIELDS:
         default = engine_fields[name].default
         if default is not dataclasses.MISSING:

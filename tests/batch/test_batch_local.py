@@ -111,6 +111,25 @@ def test_seed_example_runs_locally(model_path, tmp_path):
     assert "2 ok, 0 failed" in r.stderr
 
 
+def test_seed_example_names_another_model_and_runs_on_the_served_one(tmp_path):
+    """The seed file names mistralai/Mistral-7B-Instruct-v0.3: without --model every line runs on the served
+    model, says so in `served_by`, and stderr says it once; --strict-model answers the node's 404 instead."""
+    out = tmp_path / "results.jsonl"
+    r = batch_run(str(FIXTURES / "seed_requests.json"), "-o", str(out), "--local", "-q")
+    assert r.returncode == 0, r.stderr
+    got = lines(out)
+    assert [(x["id"], x["status"], x["served_by"]) for x in got] == [("req-001", "ok", MODEL), ("req-002", "ok", MODEL)]
+    assert r.stderr.count("which this engine does not serve") == 1, r.stderr
+    assert "'mistralai/Mistral-7B-Instruct-v0.3'" in r.stderr
+    strict = batch_run(
+        str(FIXTURES / "seed_requests.json"), "-o", str(tmp_path / "strict.jsonl"), "--local", "--strict-model", "-q"
+    )
+    assert strict.returncode == 1, strict.stderr
+    assert [(x["http_code"], "served_by" in x) for x in lines(tmp_path / "strict.jsonl")] == [(404, False)] * 2
+    r = batch_run(str(FIXTURES / "seed_requests.json"), "-o", str(tmp_path / "h.jsonl"), "--strict-model", "-q")
+    assert r.returncode == 2 and "--strict-model is for --local" in r.stderr, r.stderr
+
+
 def test_a_lines_deadline_is_not_applied_when_the_whole_file_is_queued_at_once(model_path, tmp_path):
     # Every line is handed to the engine at once: a deadline counted from that would cut the later lines.
     src = write(tmp_path / "in.json", [{**good("late", "Say hello.", max_tokens=8), "deadline_ms": 60_000}])
@@ -171,7 +190,8 @@ def test_local_lines_are_the_nodes_lines(tmp_path):
         via_http = batch_run(str(src), "-o", str(http_out), "--endpoint", node.base + "/v1", "-q")
     finally:
         node.stop()  # never two engines at once
-    via_local = batch_run(str(src), "-o", str(local_out), "--local", "-q")
+    # --strict-model: a model the engine does not serve is the node's 404 (by default --local runs it)
+    via_local = batch_run(str(src), "-o", str(local_out), "--local", "--strict-model", "-q")
     assert via_http.returncode == 1, via_http.stderr
     assert via_local.returncode == 1, via_local.stderr
     http, local = lines(http_out), lines(local_out)

@@ -49,6 +49,8 @@ MAX_WAIT_S = 15.0  # and sync waits up to 3600 s
 STALL_S = 10.0  # a 504 after a wait this long (for at most MAX_TOKENS tokens) counts as a hang
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 CHAT_PATHS = ("/predict", "/create_chat_completion", "/predict_async", "/create_chat_completion_async")
+OLLAMA_PATHS = ("/api/chat", "/api/generate")  # Ollama's: options.num_predict cut, NDJSON streams by default
+OLLAMA_MODEL_PATHS = (*OLLAMA_PATHS, "/api/embed", "/api/embeddings", "/api/show")  # the served model named
 
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -121,6 +123,23 @@ def small(body: Any, top: bool = True) -> Any:
     return body
 
 
+def small_ollama(body: Any, model_id: str | None, generates: bool) -> Any:
+    """An Ollama body whose model name, when a string, is the served one (else nearly every body would be a
+    404 before its fields are read), and (`generates`) whose generation is cut to MAX_TOKENS
+    (options.num_predict; its default is 512)."""
+    if not isinstance(body, dict):
+        return body
+    if model_id is not None and isinstance(body.get("model"), str):
+        body = {**body, "model": model_id}
+    if not generates or not isinstance(body.get("options", {}), dict):
+        return body
+    options = dict(body.get("options") or {})
+    value = options.get("num_predict")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value > MAX_TOKENS:
+        options["num_predict"] = MAX_TOKENS
+    return {**body, "options": options}
+
+
 def note_shapes(tally: Tally, body: Any) -> None:
     """Count the bodies that carry a content-part array or a structural tag (the document describes both)."""
     if not isinstance(body, dict):
@@ -150,6 +169,15 @@ def check_response(
         except ValueError:
             tally.bad_bodies.append(f"{label}: {status} with a body that is not JSON: {text[:200]!r}\n  {repro}")
             return
+    elif content_type.startswith("application/x-ndjson") and status == 200:  # Ollama's stream
+        try:
+            parts = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError:
+            tally.bad_bodies.append(f"{label}: an NDJSON line that is not JSON: {text[:200]!r}\n  {repro}")
+            return
+        if not parts or not (parts[-1].get("done") is True or "error" in parts[-1]):
+            tally.bad_bodies.append(f"{label}: an NDJSON stream without its last chunk: {text[-200:]!r}\n  {repro}")
+        return
     elif not (label.endswith("/metrics") and content_type.startswith("text/plain") and status == 200):
         tally.bad_bodies.append(f"{label}: {status} {content_type!r}, not JSON: {text[:200]!r}\n  {repro}")
         return
@@ -192,7 +220,9 @@ def curl(request: requests.PreparedRequest | None) -> str:
     return f"curl -X {request.method} '{request.url}'{data}"
 
 
-def fuzz_operation(tally: Tally, operation, mode: GenerationMode, base: str, session: requests.Session) -> None:
+def fuzz_operation(
+    tally: Tally, operation, mode: GenerationMode, base: str, session: requests.Session, model_id: str | None = None
+) -> None:
     label = f"{operation.method.upper()} {operation.path}"
     tally.begin(f"{label} {mode.value}", OPERATION_BUDGET_S)
 
@@ -204,6 +234,8 @@ def fuzz_operation(tally: Tally, operation, mode: GenerationMode, base: str, ses
         if case.path in CHAT_PATHS and case.body is not NOT_SET:
             case.body = small(case.body)
             note_shapes(tally, case.body)
+        if case.path in OLLAMA_MODEL_PATHS and case.body is not NOT_SET:
+            case.body = small_ollama(case.body, model_id, case.path in OLLAMA_PATHS)
         tally.examples += 1
         try:
             r = case.call(base_url=base, session=session, headers=HEADERS, timeout=(5, HTTP_TIMEOUT_S))
@@ -497,7 +529,7 @@ def test_fuzz_openapi_no_5xx_no_hang(node, capsys):
         has_inputs = operation.body or any(True for _ in operation.iter_parameters())
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if has_inputs else (GenerationMode.POSITIVE,):
             try:
-                fuzz_operation(tally, operation, mode, node.base, session)
+                fuzz_operation(tally, operation, mode, node.base, session, model_id)
             except Unsatisfiable:
                 # No input violates the schema (a path parameter that is any string): nothing to send.
                 assert mode is GenerationMode.NEGATIVE, f"{operation.path}: no valid input could be generated"

@@ -176,3 +176,25 @@ def test_a_loaded_model_that_is_not_active_and_whose_worker_gave_up_is_loaded_ag
     assert escalated == []  # the active model is fine: the node goes on
     assert h.ask("a") == "answered by a"  # loaded again
     assert h.loaded() == ["a", "b"] and h.events[-1] == ("load", "a")
+
+
+def test_keep_alive_per_model_unloads_it_once_idle_or_keeps_it(harness):
+    """Ollama's keep_alive: 0 unloads the model once it is idle (once: its next load keeps the node's rule),
+    -1 keeps it loaded, a duration counts from its last work; /api/ps reads expires_in_s."""
+    h = harness({"a": MIB, "b": MIB}, budget=1024 * MIB)
+    h.ask("a"), h.ask("b")
+    assert h.loaded() == ["a", "b"]
+    states = {m["id"]: m for m in h.switch.model_states()}
+    assert states["a"]["expires_in_s"] is None  # idle_unload_s 0: never
+    assert h.switch.keep_alive("b", 0.0)
+    deadline = time.monotonic() + 5
+    while h.loaded() != ["a"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert h.loaded() == ["a"] and ("unload", "b") in h.events
+    h.ask("b")  # loaded again: keep_alive 0 was for the request that asked
+    time.sleep(0.5)
+    assert h.loaded() == ["a", "b"]
+    assert h.switch.keep_alive("a", 300.0) and h.switch.keep_alive("b", -1.0)
+    states = {m["id"]: m for m in h.switch.model_states()}
+    assert 299 < states["a"]["expires_in_s"] <= 300 and states["b"]["expires_in_s"] is None
+    assert not h.switch.keep_alive("nope", 0.0)

@@ -134,6 +134,28 @@ class TestVision:
         )
         assert a1.usage.prompt_tokens == text_only.usage.prompt_tokens + IMAGE_TOKENS
 
+    def test_ollama_images_are_the_same_image_parts(self, node, client):
+        """Ollama's `images` (base64, no data: prefix) go through the same media path: the same answer and
+        prompt count as the OpenAI route's image part."""
+        import ollama
+
+        model = client.models.list().data[0].id
+        ask = "What is in this picture?"
+        want = client.chat.completions.create(
+            model=model, messages=image_message(data_url(png(1)), ask), temperature=0, max_tokens=16
+        )
+        olla = ollama.Client(host=node.base, timeout=120)
+        got = olla.chat(
+            model=model,
+            messages=[{"role": "user", "content": ask, "images": [png(1)]}],
+            options={"temperature": 0, "num_predict": 16},
+        )
+        assert got.message.content == want.choices[0].message.content
+        assert got.prompt_eval_count == want.usage.prompt_tokens
+        assert "vision" in olla.show(model).capabilities
+        g = olla.generate(model=model, prompt=ask, images=[png(2)], options={"temperature": 0, "num_predict": 4})
+        assert g.done and g.prompt_eval_count == want.usage.prompt_tokens
+
     def test_a_jpeg_file_from_media_dirs_and_the_same_pixels_as_png_agree(self, client, media_dir):
         pixels = cv2.imdecode(np.frombuffer(png(1), np.uint8), cv2.IMREAD_COLOR)
         lossless = media_dir / "same.bmp"

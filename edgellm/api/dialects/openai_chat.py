@@ -243,15 +243,21 @@ def error_body(exc: EdgeLLMError) -> dict[str, Any]:
 
 
 def models_body(
-    model_id: str, created: float, media: dict[str, Any] | None = None, states: list[dict[str, Any]] | None = None
+    model_id: str,
+    created: float,
+    media: dict[str, Any] | None = None,
+    states: list[dict[str, Any]] | None = None,
+    aliases: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     """The served model(s); `input_modalities` says what the default's content parts may carry, and with
     several models (`states`) each says its `state` (loaded, loading, unloaded, failed) and whether it is the
-    `active` one (edgellm fields)."""
+    `active` one (edgellm fields). Each alias (settings model_aliases: (name, id) pairs) is listed after the
+    ids, as a model of its own that names the id it stands for (`alias_of`)."""
     modalities = ["text"] + [kind for kind in ("image", "audio") if (media or {}).get(VISION_KEYS[kind])]
     model = {"id": model_id, "object": "model", "created": int(created), "owned_by": "edgellm"}
+    named = [{**model, "id": name, "alias_of": target} for name, target in aliases]
     if not states:
-        return {"object": "list", "data": [{**model, "input_modalities": modalities}]}
+        return {"object": "list", "data": [{**model, "input_modalities": modalities}, *named]}
     data = []
     for s in states:
         entry = {**model, "id": s["id"], "state": s["state"], "waiting": s["waiting"], "loads": s["loads"]}
@@ -262,7 +268,7 @@ def models_body(
         if s["id"] == model_id:  # what the others take is known once they have loaded
             entry["input_modalities"] = modalities
         data.append(entry)
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": data + named}
 
 
 VISION_KEYS = {"image": "vision", "audio": "audio"}

@@ -56,7 +56,7 @@ def _schema(count: bool) -> dict:
 def add_anthropic_routes(app: FastAPI, service: Service, max_body_bytes: int) -> None:
     async def parse(request: Request, *, count: bool):
         owner = authenticate(service, request, api_key_header=API_KEY_HEADER)  # before a byte of the body
-        body = await read_json_body(request, max_body_bytes)
+        body = service.config.served_body(await read_json_body(request, max_body_bytes))
         translated, opts, origins = ac.to_openai(body, service.config.model_ids(), count=count)
         try:
             chat, _ = await service.parse_openai(translated, request.is_disconnected, owner=owner)

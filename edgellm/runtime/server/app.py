@@ -33,6 +33,7 @@ from edgellm.runtime.server.http_common import SafeJSONResponse
 from edgellm.runtime.server.http_guard import CountResponses, Drain, GuardConfig, HttpGuard
 from edgellm.runtime.server.node_config import memory_pressure, node_identity, service_config
 from edgellm.runtime.server.node_routes import add_node_routes, add_openapi_route
+from edgellm.runtime.server.ollama_routes import add_ollama_routes
 from edgellm.runtime.server.openai_routes import add_openai_routes
 from edgellm.runtime.server.responses_routes import add_responses_routes
 from edgellm.runtime.settings import Settings
@@ -139,6 +140,8 @@ def create_app(
     add_responses_routes(app, service, settings.body_limit())
     add_completions_routes(app, service, settings.body_limit())
     add_anthropic_routes(app, service, settings.body_limit())
+    model_files = {(entry.id if entry else service.model_name): config for entry, _, config in served}
+    add_ollama_routes(app, service, settings.body_limit(), model_files)
     add_engine_task_routes(app, service, settings.body_limit())
     add_console_routes(app, service, settings.body_limit())
     add_openapi_route(app, service)

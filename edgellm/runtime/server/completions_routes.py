@@ -89,7 +89,7 @@ def add_completions_routes(app: FastAPI, service: Service, max_body_bytes: int) 
     async def completions(request: Request):
         try:
             owner = authenticate(service, request)  # the header alone: no body read without it
-            body = await read_json_body(request, max_body_bytes)
+            body = service.config.served_body(await read_json_body(request, max_body_bytes))
             chats, opts, echoes = await parse_completions(service, body)
             keys = await _submit_all(service, chats, owner, stream=opts.stream)
             remember_request_id(request.scope, public_id(keys[0]))  # named in the 503 if shutdown cuts the wait

@@ -99,7 +99,7 @@ def add_engine_task_routes(app: FastAPI, service: Service, max_body_bytes: int) 
     async def embeddings(request: Request):
         try:
             owner = authenticate(service, request)
-            body = await read_json_body(request, max_body_bytes)
+            body = service.config.served_body(await read_json_body(request, max_body_bytes))
             model = service.named_model(body)
             call = parse_embeddings(
                 body,

@@ -1,7 +1,8 @@
 """How an error becomes an answer: one handler per kind (an EdgeLLMError with its own status; FastAPI's
 own validation error as a 400 naming the field; anything else as a 500 that names only its type), in the
 node's envelope, and the shape of the refusals made before a route runs (413, 415, 421, 503 at shutdown)
-by route family: Anthropic's under /v1/messages, OpenAI's under /v1/, the envelope elsewhere.
+by route family: Anthropic's under /v1/messages, OpenAI's under /v1/, Ollama's under /api/, the envelope
+elsewhere.
 
 Separate from app.py: a new dialect adds its error shape here, and no route's code changes with it.
 """
@@ -19,6 +20,7 @@ from edgellm.api.dialects.openai_chat import error_body
 from edgellm.errors import EdgeLLMError, InvalidRequest
 from edgellm.runtime.server.anthropic_routes import error_response as anthropic_error_response
 from edgellm.runtime.server.http_common import SafeJSONResponse
+from edgellm.runtime.server.ollama_routes import error_response as ollama_error_response
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ def error_response_for(respond: Respond) -> Callable[[str, EdgeLLMError], Respon
         """Refusals decided before a route runs, in the shape that route family answers with."""
         if path.startswith("/v1/messages"):
             return anthropic_error_response(exc)
+        if path.startswith("/api/"):
+            return ollama_error_response(exc)
         if path.startswith("/v1/"):
             return SafeJSONResponse(error_body(exc), status_code=exc.http_status, headers=exc.headers)
         return respond(exc.to_body(), exc.http_status, exc.headers)

@@ -43,10 +43,12 @@ async def serve_generation(
     answer: Callable[[str, Any], Response | dict],
     events: Events,
     final_output: bool = False,
+    media_type: str = "text/event-stream",
 ) -> Response | dict:
     """Submit `chat` and answer it. Not streamed: `answer(key, result)` with the request's result (its
     final RequestOutput instead with `final_output`, read from its stream: what a dialect needs that
-    the result does not keep, e.g. which stop ended it). Streamed: `events(key, first, outputs)` as SSE."""
+    the result does not keep, e.g. which stop ended it). Streamed: `events(key, first, outputs)` as SSE (or the
+    dialect's `media_type`: Ollama's NDJSON)."""
     key = await service.submit(chat, mode="sync", stream=stream or final_output, owner=owner)
     remember_request_id(request.scope, public_id(key))  # named in the 503 if shutdown cuts the wait
     if not stream:
@@ -62,11 +64,11 @@ async def serve_generation(
     first = await anext(outputs)
     if first.finished:
         raise_for_failure(first)
-    return event_stream(events(key, first, outputs))
+    return event_stream(events(key, first, outputs), media_type)
 
 
-def event_stream(text: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(text, media_type="text/event-stream", headers=SSE_HEADERS)
+def event_stream(text: AsyncIterator[str], media_type: str = "text/event-stream") -> StreamingResponse:
+    return StreamingResponse(text, media_type=media_type, headers=SSE_HEADERS)
 
 
 def raise_for_failure(out: RequestOutput) -> None:

@@ -46,6 +46,8 @@ def service_config(settings: Settings) -> ServiceConfig:
         max_completion_tokens=settings.max_completion_tokens,
         media_sources=settings.media_sources(),
         media_limits=settings.media_limits(),
+        model_aliases=settings.alias_pairs(),
+        unknown_model=settings.unknown_model,
     )
 
 

@@ -41,7 +41,13 @@ def add_openai_routes(app: FastAPI, service: Service, max_body_bytes: int) -> No
             authenticate(service, request)
         except EdgeLLMError as exc:
             return _error(exc)
-        return models_body(service.model_name, service.started_at, service.media_info(), service.model_states())
+        return models_body(
+            service.model_name,
+            service.started_at,
+            service.media_info(),
+            service.model_states(),
+            service.config.model_aliases,
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -60,7 +60,7 @@ def add_responses_routes(app: FastAPI, service: Service, max_body_bytes: int) ->
     async def create_response(request: Request):
         try:
             owner = authenticate(service, request)  # the header alone: no body read without it
-            body = await read_json_body(request, max_body_bytes)
+            body = service.config.served_body(await read_json_body(request, max_body_bytes))
             req = rc.parse_responses_request(body, service.config.model_ids(), max_messages=service.config.max_messages)
             earlier = None
             if req.previous_response_id is not None:

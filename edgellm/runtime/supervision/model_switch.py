@@ -22,8 +22,9 @@ registry (a restart re-dispatches them, model included); none is refused for it.
   activated (loaded first, if it is not), and what waited for it is sent in arrival order. The model
   that waited longest goes next.
 - `idle_unload_s` > 0: a loaded model with nothing to do for that long is unloaded (its worker ends);
-  the next request loads it again. Under critical memory pressure every loaded model goes as soon as it
-  is idle (shed_idle).
+  the next request loads it again. A request's `keep_alive` (`keep_alive()`, Ollama's routes) replaces
+  that time for its model: 0 unloads it once idle, -1 keeps it loaded. Under critical memory pressure
+  every loaded model goes as soon as it is idle (shed_idle).
 - A model that cannot be loaded fails the requests waiting for it, with the reason; the others go on.
 
 Requests are built when they are sent (`dispatch(model, request_id, build)`): the chat format their
@@ -70,6 +71,9 @@ class _Model:
     last_load_ms: float | None = None
     last_active: float = 0.0  # monotonic: its last work (idle unload, and which model is evicted first)
     info: EngineInfo | None = None  # as of its last load
+    # keep_alive of its latest request that named one (Ollama's routes): seconds idle before it is unloaded,
+    # 0 = as soon as it is idle, -1 = never; None = the node's idle_unload_s
+    keep_s: float | None = None
 
 
 class ModelSwitch:
@@ -202,6 +206,7 @@ class ModelSwitch:
         return dataclasses.replace(worker, state=state, models=view)
 
     def model_states(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
         with self._cond:
             return [
                 {
@@ -214,6 +219,8 @@ class ModelSwitch:
                     "worker_pid": m.worker.pid if m.worker is not None and m.state in ("loaded", "loading") else None,
                     **({"plan_mib": round(m.plan_bytes / 2**20, 1)} if m.plan_bytes is not None else {}),
                     **({"last_error": m.last_error} if m.last_error else {}),
+                    # seconds until an idle unload (None: not loaded, or kept loaded)
+                    "expires_in_s": self._expires_in_s(m, now),
                 }
                 for m in self.models.values()
             ]
@@ -237,6 +244,32 @@ class ModelSwitch:
     def model_info(self, model: str | None) -> EngineInfo | None:
         """A model's (None: the default's) EngineInfo as of its last load (None before its first)."""
         return self.models[model or self.default].info
+
+    def keep_alive(self, model: str | None, seconds: float | None) -> bool:
+        """How long `model` (None: the default) stays loaded once idle, from now on: `seconds`, 0 = unload it
+        as soon as it is idle (once: its next load keeps the node's rule), a negative value = never (memory
+        pressure still sheds it), None = the node's idle_unload_s again. True: applied."""
+        with self._cond:
+            m = self.models.get(model or self.default)
+            if m is None:
+                return False
+            m.keep_s = None if seconds is None else (-1.0 if seconds < 0 else float(seconds))
+            m.last_active = time.monotonic()
+            self._cond.notify_all()
+        return True
+
+    def _keep_s(self, m: _Model) -> float | None:
+        """Seconds idle before `m` is unloaded; None: never."""
+        if m.keep_s is None:
+            return self.idle_unload_s or None
+        return None if m.keep_s < 0 else m.keep_s
+
+    def _expires_in_s(self, m: _Model, now: float) -> float | None:
+        keep = self._keep_s(m)
+        if m.state != "loaded" or keep is None:
+            return None
+        busy = bool(m.waiting) or (m.worker is not None and m.worker.in_flight() > 0)
+        return round(keep if busy else max(0.0, keep - (now - m.last_active)), 3)
 
     def close(self) -> None:
         """Stop: what still waits for a model is let go, not failed: its registry rows stay pending, so
@@ -338,13 +371,14 @@ class ModelSwitch:
             return []
         if self._shed and self.memory_ok is not None and self.memory_ok():
             self._shed = False  # memory recovered: what is still loaded stays
-        if not self.idle_unload_s and not self._shed:
+        if not self.idle_unload_s and not self._shed and all(m.keep_s is None for m in loaded):
             return []
         idle = []
         for m in loaded:
+            keep = self._keep_s(m)
             if m.waiting or m.worker.in_flight():  # type: ignore[union-attr]
                 m.last_active = now
-            elif self._shed or now - m.last_active >= self.idle_unload_s:
+            elif self._shed or (keep is not None and now - m.last_active >= keep):
                 idle.append(m)
         return idle
 
@@ -460,6 +494,9 @@ class ModelSwitch:
             # Under the lock, before the worker goes: a request that comes now waits for the next load
             # instead of reaching a worker about to stop.
             model.state = "unloaded"
-            why = "memory is short" if self._shed else f"idle for {self.idle_unload_s:.0f} s"
+            keep = self._keep_s(model)
+            why = "memory is short" if self._shed else f"idle for {keep or 0:.0f} s"
+            if model.keep_s == 0:  # keep_alive 0 was for the request that asked: the next load keeps the rule
+                model.keep_s = None
         log.info("model %s %s: unloading it", model.id, why)
         model.worker.unload()  # type: ignore[union-attr]

@@ -493,3 +493,6 @@ class WorkerEngine:
 
     def model_states(self) -> None:
         return None
+
+    def keep_alive(self, model: str | None, seconds: float | None) -> bool:
+        return False  # one model, loaded for the node's lifetime
