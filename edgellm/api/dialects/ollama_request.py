@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.dialects.ollama_messages import Origins, chat_messages, images_content
-from edgellm.api.display import kind_of, show, show_name
+from edgellm.api.display import kind_of, show
 from edgellm.api.fields import MAX_REPEAT_LAST_N
 from edgellm.errors import EdgeLLMError, InvalidRequest
 
@@ -185,10 +185,9 @@ def _completion_body(
 def _object(body: Any, known: frozenset[str]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest(f"request body must be a JSON object, got {kind_of(body)}")
-    unknown = sorted(str(k) for k in body if k not in known and k not in EDGELLM_FIELDS)
-    if unknown:
-        name = show_name(unknown[0])
-        raise InvalidRequest(f"unknown field '{name}'", param=name)
+    # Fields this node does not know are ignored, as Ollama's server ignores them: its clients send fields
+    # of newer Ollama releases (truncate, shift, ...) that an older server skips. Only the known ones are read.
+    body = {k: v for k, v in body.items() if k in known or k in EDGELLM_FIELDS}
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required (a model name, a string)", param="model")

@@ -56,7 +56,8 @@ def error_response(exc: EdgeLLMError) -> Response:
 
 
 def _doc(properties: dict[str, Any], required: list[str] | None = None, summary: str = "") -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    # other fields are ignored, as Ollama ignores them (ollama_request._object)
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": True}
     if required:
         schema["required"] = required
     doc: dict[str, Any] = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
