@@ -69,7 +69,8 @@ def test_drafts_equal_the_targets_own_samples(engine, target, draft, params):
 
 def test_a_draft_stops_at_end_of_generation(engine, target, draft):
     params = SamplingParams(temperature=0.0, max_tokens=64)
-    prompt, generated = generate(engine, target, "dm-eos", [{"role": "user", "content": "Say just: yes"}], params)
+    question = [{"role": "user", "content": "What is 2+2? Answer with just the number."}]  # "2 + 2 = 4", then EOS
+    prompt, generated = generate(engine, target, "dm-eos", question, params)
     assert len(generated) < 12  # ended by the model (an EOS), well before max_tokens
     got = draft.propose([ask_after(1, prompt, generated[:1], 16, params)])
     assert got == [generated[1:]]  # everything the target writes after the first token, not past its end

@@ -97,7 +97,8 @@ def test_logprobs(client, model_id):
 def test_presence_and_frequency_penalties_change_the_output(client, model_id):
     kw = dict(
         model=model_id,
-        messages=[{"role": "user", "content": "Repeat the word cat many times."}],
+        # an answer that repeats itself (digits) unless penalised: the penalties must change it
+        messages=[{"role": "user", "content": "Count from one to twenty in words."}],
         temperature=0,
         max_tokens=40,
     )

@@ -126,7 +126,8 @@ def test_a_stopped_and_continued_node_keeps_its_worker_and_a_stopped_worker_alon
     node = NodeProcess(tmp_path, env={"EDGELLM_ENGINE_HANG_TIMEOUT_S": "3"}).start()
     try:
         with node.client() as c:
-            body = chat("Tell me a long story.", max_tokens=300, **LONG)
+            # long enough that the engine's ~2 s reports see it generating (300 tokens can finish between two)
+            body = chat("Tell me a long story.", max_tokens=900, **LONG)
             before = engine_report(node)
             rid = c.post("/predict_async", json=body).json()["result"]["request_id"]
             wait_generating(node, before)
@@ -139,7 +140,7 @@ def test_a_stopped_and_continued_node_keeps_its_worker_and_a_stopped_worker_alon
             os.killpg(node.proc.pid, signal.SIGCONT)
             done = poll(c, rid, timeout=180, return_full="true")
             assert done["status"] == "completed" and done["attempts"] == 1, done
-            assert done["result"]["FULL_OUTPUT"][0]["usage"]["completion_tokens"] == 300
+            assert done["result"]["FULL_OUTPUT"][0]["usage"]["completion_tokens"] == 900
             health = c.get("/health").json()["result"]["engine"]
             assert health["restarts"] == 0 and health["worker_pid"] == worker, health
 
