@@ -314,9 +314,6 @@ def add_ollama_routes(
             body = await read_json_body(request, max_body_bytes)
             if not isinstance(body, dict):
                 raise InvalidRequest("request body must be a JSON object")
-            unknown = sorted(str(k) for k in body if k not in ("model", "name", "verbose"))
-            if unknown:
-                raise InvalidRequest(f"unknown field '{show_name(unknown[0])}'", param=show_name(unknown[0]))
             verbose = body.get("verbose")
             if verbose is not None and not isinstance(verbose, bool):
                 raise InvalidRequest("verbose must be true or false", param="verbose")
