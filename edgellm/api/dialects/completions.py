@@ -14,7 +14,7 @@ from typing import Any
 
 from edgellm.api.body_schema import ChatRequestBody
 from edgellm.api.chat_request import ChatRequest
-from edgellm.api.dialects.openai_chat import check_model, refuse_unknown
+from edgellm.api.dialects.openai_chat import check_model, read_flag, refuse_unknown
 from edgellm.api.display import kind_of, show
 from edgellm.api.fields import FIELDS, MAX_MESSAGES, MAX_PROMPT_BYTES, OPENAI_PASSTHROUGH
 from edgellm.api.json_values import has_surrogate
@@ -107,7 +107,7 @@ def parse_completion_request(
         )
     refuse_unknown(body, ACCEPTED_FIELDS)
     model = check_model(body, model_id)
-    stream = _flag(body, "stream")
+    stream = read_flag(body, "stream")
     stream_options = body.get("stream_options")
     if stream_options is None:
         stream_options = {}
@@ -116,7 +116,7 @@ def parse_completion_request(
     include_usage = stream_options.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise InvalidRequest("stream_options.include_usage must be a boolean", param="stream_options")
-    echo = _flag(body, "echo")
+    echo = read_flag(body, "echo")
     logprobs = body.get("logprobs")
     if logprobs is not None and (
         isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS
@@ -173,15 +173,6 @@ def parse_completion_request(
         }
         requests.append(base.model_copy(update=update, deep=True))
     return requests, CompletionOptions(stream, bool(include_usage), logprobs, echo, base.n)
-
-
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be a boolean, got {show(value)}", param=name)
-    return value
 
 
 def _suffix(value: Any, infill: bool) -> str | None:

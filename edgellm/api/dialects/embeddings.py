@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.api.dialects.openai_chat import check_model, refuse_unknown
+from edgellm.api.dialects.openai_chat import check_model, read_flag, refuse_unknown
 from edgellm.api.display import show
 from edgellm.api.validation import priority
 from edgellm.engine.types import EngineRequest, EngineTask
@@ -117,15 +117,6 @@ def embeddings_body(matrix: np.ndarray, call: EmbeddingsCall, model: str, prompt
 
 
 # -- llama-server's tokenizer routes -----------------------------------------------------------
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be a boolean, got {show(value)}", param=name)
-    return value
-
-
 def _only(body: Any, allowed: frozenset[str]) -> dict:
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
@@ -147,9 +138,9 @@ def parse_tokenize(body: Any, max_bytes: int) -> EngineRequest:
         raise PayloadTooLarge(f"content is {size} bytes; the limit is {max_bytes}")
     payload = {
         "content": content,
-        "add_special": _flag(body, "add_special", False),
-        "parse_special": _flag(body, "parse_special", True),
-        "with_pieces": _flag(body, "with_pieces", False),
+        "add_special": read_flag(body, "add_special", False),
+        "parse_special": read_flag(body, "parse_special", True),
+        "with_pieces": read_flag(body, "with_pieces", False),
     }
     return EngineRequest("", [], task=EngineTask.TOKENIZE, payload=payload)
 

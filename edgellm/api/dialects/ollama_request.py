@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.api.dialects.ollama_messages import Origins, chat_messages, images_content
+from edgellm.api.dialects.openai_chat import read_flag
 from edgellm.api.display import kind_of, show
 from edgellm.api.fields import MAX_REPEAT_LAST_N
 from edgellm.errors import EdgeLLMError, InvalidRequest
@@ -131,7 +132,7 @@ def generate_to_openai(body: Any, *, max_tokens_cap: int) -> tuple[dict[str, Any
             "send raw: true with the prompt as the model should see it instead",
             param="template",
         )
-    raw = _flag(body, "raw", False)
+    raw = read_flag(body, "raw", False)
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise InvalidRequest(f"suffix must be a string, got {kind_of(suffix)}", param="suffix")
@@ -195,8 +196,8 @@ def _object(body: Any, known: frozenset[str]) -> dict[str, Any]:
 
 
 def _call(body: dict[str, Any]) -> OllamaCall:
-    stream = _flag(body, "stream", True)  # Ollama streams unless told not to
-    logprobs = _flag(body, "logprobs", False)
+    stream = read_flag(body, "stream", True)  # Ollama streams unless told not to
+    logprobs = read_flag(body, "logprobs", False)
     top = body.get("top_logprobs")
     if top is None:
         top = 0
@@ -351,15 +352,6 @@ def _bad_duration(text: str) -> float:
         f'keep_alive must be a duration such as "5m", "30s", "1h" or "-1" (or a number of seconds), got {show(text)}',
         param="keep_alive",
     )
-
-
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be true or false, got {show(value)}", param=name)
-    return value
 
 
 def _replace(call: OllamaCall, **changes: Any) -> OllamaCall:

@@ -74,6 +74,17 @@ def refuse_unknown(body: dict, known: frozenset[str] | set[str]) -> None:
         raise InvalidRequest(f"unknown parameter: '{name}'", param=name)
 
 
+def read_flag(body: dict, name: str, default: bool = False) -> bool:
+    """A boolean field of any dialect's body: absent or null gives `default`; anything but true or false is
+    the 400 naming it."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be a boolean, got {show(value)}", param=name)
+    return value
+
+
 def check_model(body: dict, model_id: str | tuple[str, ...]) -> str:
     """The OpenAI routes' `model`: required, and one this node serves (else 404 model_not_found): `model_id`
     is the one id, or the ids of the node's models (settings `models:`). Returns it."""

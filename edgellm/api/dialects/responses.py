@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgellm.api.dialects import responses_options as options
-from edgellm.api.dialects.openai_chat import check_model, refuse_unknown
+from edgellm.api.dialects.openai_chat import check_model, read_flag, refuse_unknown
 from edgellm.api.dialects.responses_input import input_messages
 from edgellm.api.dialects.responses_store import request_id_of, response_id
 from edgellm.api.display import kind_of, show
@@ -146,8 +146,8 @@ def parse_responses_request(body: Any, model_id: str | tuple[str, ...], *, max_m
     if asked:
         raise InvalidRequest(f"'{asked[0]}' is not supported by this server", param=asked[0])
     model = check_model(body, model_id)
-    stream = _flag(body, "stream", False)
-    store = _flag(body, "store", True)
+    stream = read_flag(body, "stream", False)
+    store = read_flag(body, "store", True)
     _include(body.get("include"))
     prev = body.get("previous_response_id")
     prev_id = request_id_of(prev, "previous_response_id") if prev is not None else None
@@ -252,15 +252,6 @@ def translate_error(exc: EdgeLLMError, sources: list[str]) -> EdgeLLMError:
     out.args = (message,)
     out.param = mapped
     return out
-
-
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be a boolean", param=name)
-    return value
 
 
 def _has_text(value: Any) -> bool:
