@@ -57,9 +57,10 @@ ratio1-node: ratio1-setup
 # a smoke of the node (below). The quick tests (-m "not slow": no model, no node, pure Python on one core
 # each) of the three Pythons run side by side (make -j3, each in a --basetemp of its own); the slow ones
 # (they load the model or start a node: llama.cpp wants both cores) one pytest at a time after them.
-# Measured 2026-12-07 on the 2-core kind (Intel Xeon), a clean clone (engine wheel and Ratio1 venv cached):
-# 29:46 = checks and venvs ~1.5 min, the three quick passes side by side 1:20, 3.11's slow tests 25:08, the
-# smokes 1:20; a cold run adds the llama.cpp build (~10 min) and the Ratio1 venv (~2). Issue 43's target is 20.
+# Measured 2026-12-08 on the 2-core kind (Intel Xeon), a clean clone (engine wheel and Ratio1 venv cached):
+# 21:53 = checks and venvs ~1.5 min, the three quick passes side by side 1:10, 3.11's slow tests 17:31, the
+# smokes 0:52; warm in the working tree 19:44 (slow tests 17:10). A cold run adds the llama.cpp build (~5-10
+# min) and the Ratio1 venv (~2-4). Targets (issue 43): 20 warm, 30 cold.
 test: setup system-deps ratio1-setup
 	$(BIN)/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
