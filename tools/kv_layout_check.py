@@ -70,17 +70,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if same[True] else 1
 
 
+def prefill(m: LlamaModel, seq: int, tokens: list[int]) -> np.ndarray:
+    """Decode `tokens` as sequence `seq` from position 0, in n_batch chunks as the engine prefills; the
+    last token's logits."""
+    for start in range(0, len(tokens), m.n_batch):
+        chunk = tokens[start : start + m.n_batch]
+        wanted = [start + len(chunk) == len(tokens)] * len(chunk)
+        rows = m.decode(chunk, list(range(start, start + len(chunk))), [seq] * len(chunk), wanted)
+    return rows[-1].copy()
+
+
 def check(m: LlamaModel, args: argparse.Namespace) -> bool:
     try:
         prompt, continuation, filler = m.tokenize(PROMPT), m.tokenize(CONTINUATION), m.tokenize(FILLER)
         n = len(prompt)
-
-        def prefill(seq: int, tokens: list[int]) -> np.ndarray:
-            for start in range(0, len(tokens), m.n_batch):  # in n_batch chunks, as the engine prefills
-                chunk = tokens[start : start + m.n_batch]
-                wanted = [start + len(chunk) == len(tokens)] * len(chunk)
-                rows = m.decode(chunk, list(range(start, start + len(chunk))), [seq] * len(chunk), wanted)
-            return rows[-1].copy()
 
         def generate(seq: int) -> list[np.ndarray]:
             return [m.decode([t], [n + i], [seq], [True])[-1].copy() for i, t in enumerate(continuation)]
@@ -89,25 +92,25 @@ def check(m: LlamaModel, args: argparse.Namespace) -> bool:
             for seq in range(4):
                 m.trim_sequence(seq, 0)
 
-        alone = [prefill(0, prompt), *generate(0)]  # (a) cells 0.. in order
+        alone = [prefill(m, 0, prompt), *generate(0)]  # (a) cells 0.. in order
         clear()
-        prefill(1, filler)
-        after = [prefill(2, prompt), *generate(2)]  # (b) after another sequence's 600 cells
+        prefill(m, 1, filler)
+        after = [prefill(m, 2, prompt), *generate(2)]  # (b) after another sequence's 600 cells
         clear()
-        prefill(1, filler[:40])
-        prefill(2, prompt)
+        prefill(m, 1, filler[:40])
+        prefill(m, 2, prompt)
         m.trim_sequence(1, 0)  # (c) a hole before the prompt's cells when the continuation comes
         m.trim_sequence(2, n - 1)
         hole = [m.decode(prompt[-1:], [n - 1], [2], [True])[-1].copy(), *generate(2)]
         clear()
-        prefill(1, filler)  # (d) beside a sequence that decodes in the same steps
-        prefill(3, filler[:200])
-        beside = [prefill(2, prompt)]
+        prefill(m, 1, filler)  # (d) beside a sequence that decodes in the same steps
+        prefill(m, 3, filler[:200])
+        beside = [prefill(m, 2, prompt)]
         for i, t in enumerate(continuation):
             rows = m.decode([t, filler[200 + i]], [n + i, 200 + i], [2, 3], [True, True])
             beside.append(rows[0].copy())
         clear()
-        refed = prefill(2, prompt + continuation)  # (e) re-fed at once, as a preempted request resumes
+        refed = prefill(m, 2, prompt + continuation)  # (e) re-fed at once, as a preempted request resumes
         clear()
 
         def worst(a: list[np.ndarray], b: list[np.ndarray]) -> float:

@@ -35,18 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from edgellm.engine.model import LlamaModel, ModelConfig  # noqa: E402
 from edgellm.runtime.model_sizing import bundled_model_path  # noqa: E402
 from tools.bench.results import Table, bracket_ratios, turns, write_results  # noqa: E402
+from tools.kv_layout_check import prefill  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FILLER = "The quick brown fox jumps over the lazy dog near the river bank while it rains. " * 600
 SIDES = ("invariant", "llama.cpp")
-
-
-def prefill(m: LlamaModel, tokens: list[int], seq: int) -> np.ndarray:
-    for start in range(0, len(tokens), m.n_batch):
-        chunk = tokens[start : start + m.n_batch]
-        last = start + len(chunk) == len(tokens)
-        rows = m.decode(chunk, list(range(start, start + len(chunk))), [seq] * len(chunk), [last] * len(chunk))
-    return rows[-1]
 
 
 def measure(path: str, invariant: bool, lengths: list[int], kv: str) -> dict:
@@ -57,7 +50,7 @@ def measure(path: str, invariant: bool, lengths: list[int], kv: str) -> dict:
         for n in lengths:
             tokens = filler[:n]
             t0 = time.perf_counter()
-            prefill(m, tokens, 0)
+            prefill(m, 0, tokens)
             out["prefill_tok_s"][n] = n / (time.perf_counter() - t0)
             t0 = time.perf_counter()
             for i in range(16):
@@ -65,7 +58,7 @@ def measure(path: str, invariant: bool, lengths: list[int], kv: str) -> dict:
             out["decode_ms"][n] = (time.perf_counter() - t0) / 16 * 1000
             m.trim_sequence(0, 0)
         for seq in range(4):
-            prefill(m, filler[seq * 10 : seq * 10 + 1500], seq)
+            prefill(m, seq, filler[seq * 10 : seq * 10 + 1500])
         t0 = time.perf_counter()
         for i in range(16):
             m.decode([filler[i]] * 4, [1500 + i] * 4, [0, 1, 2, 3], [True] * 4)

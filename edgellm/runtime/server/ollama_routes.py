@@ -22,7 +22,7 @@ from edgellm.api.dialects import ollama_answer as oa
 from edgellm.api.dialects import ollama_models as om
 from edgellm.api.dialects import ollama_request as oq
 from edgellm.api.dialects.embeddings import parse_embeddings
-from edgellm.api.dialects.openai_chat import unserved
+from edgellm.api.dialects.openai_chat import read_flag, unserved
 from edgellm.api.display import show_name
 from edgellm.api.request_ids import public_id
 from edgellm.api.results import Outcome, finish_reason, status_of
@@ -254,9 +254,7 @@ def add_ollama_routes(
                 inputs: Any = prompt
             else:
                 inputs = body.get("input")
-                truncate = body.get("truncate")
-                if truncate is not None and not isinstance(truncate, bool):
-                    raise InvalidRequest("truncate must be true or false", param="truncate")
+                read_flag(body, "truncate")  # accepted, checked; nothing is cut (docs/api/ollama.md)
             if body.get("options") is not None and not isinstance(body["options"], dict):
                 raise InvalidRequest("options must be an object", param="options")
             openai = {"model": model_id, "input": inputs}
@@ -314,11 +312,9 @@ def add_ollama_routes(
             body = await read_json_body(request, max_body_bytes)
             if not isinstance(body, dict):
                 raise InvalidRequest("request body must be a JSON object")
-            verbose = body.get("verbose")
-            if verbose is not None and not isinstance(verbose, bool):
-                raise InvalidRequest("verbose must be true or false", param="verbose")
+            verbose = read_flag(body, "verbose")
             model_id = served(body.get("model", body.get("name")))
-            return om.show_body(await facts(model_id), service.engine_info(routed(model_id)), verbose=bool(verbose))
+            return om.show_body(await facts(model_id), service.engine_info(routed(model_id)), verbose=verbose)
         except EdgeLLMError as exc:
             return error_response(exc)
 
